@@ -1,0 +1,249 @@
+"""Multi-head scaled dot-product attention, written with `keras.ops`.
+
+Shapes used throughout this module:
+
+    B: batch size, T: query length, S: key/value length,
+    N: number of heads, H: size of one head (d_model / N), D: d_model.
+
+Masks are boolean and True means "may attend":
+
+    padding_mask:   (B, S)     True = real key token
+    attention_mask: (B, T, S)  True = query t may attend to key s
+"""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_transformer.layers.masks import merge_masks
+
+_NEG_INF = -1e9
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head attention of "Attention Is All You Need", Section 3.2.
+
+    `MultiHead(Q, K, V) = Concat(head_1, ..., head_N) W^O` with
+    `head_i = softmax(Q W_i^Q (K W_i^K)^T / sqrt(H)) V W_i^V`
+    (https://arxiv.org/abs/1706.03762, Section 3.2.2).
+
+    The projections produce `(B, T, N, H)` directly with `EinsumDense`, as
+    `keras.layers.MultiHeadAttention` does, so weights copy between the two
+    one to one. Padding and causal masks are combined in one place,
+    `merge_masks`. For incremental decoding, `call_with_cache` appends one
+    query step to a fixed-size key/value cache without
+    `ops.slice_update` (which exports as an XLA-only op); cross-attention
+    keys and values are computed once with `compute_key_value`.
+
+    Args:
+        d_model: int. Size of the input and output features (D).
+        num_heads: int. Number of attention heads (N); must divide `d_model`.
+        dropout: float in [0, 1). Dropout on the attention probabilities.
+        use_fused_attention: bool. Use `keras.ops.dot_product_attention`
+            instead of the explicit einsum/softmax. Only taken when no
+            attention dropout is active, since the fused op has none.
+        kernel_initializer: initializer of the projection kernels.
+        bias_initializer: initializer of the projection biases.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        query: `(B, T, D)` float tensor.
+        value: `(B, S, D)` float tensor; defaults to `query` (self-attention).
+        key: `(B, S, D)` float tensor; defaults to `value`.
+        padding_mask: `(B, S)` bool, True for real key tokens.
+        attention_mask: `(B, T, S)` bool, True where attention is allowed.
+        use_causal_mask: bool. Forbid query t from attending to keys > t.
+        training: bool. Enables attention dropout.
+
+    Returns:
+        `(B, T, D)` tensor.
+
+    Example:
+
+    >>> layer = MultiHeadAttention(d_model=16, num_heads=4)
+    >>> x = keras.random.normal((2, 5, 16))
+    >>> layer(x, use_causal_mask=True).shape
+    (2, 5, 16)
+    """
+
+    def __init__(
+        self,
+        d_model,
+        num_heads,
+        dropout=0.0,
+        use_fused_attention=False,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if num_heads <= 0 or d_model % num_heads != 0:
+            raise ValueError(
+                f"d_model={d_model} must be divisible by num_heads={num_heads}"
+            )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1). Received: dropout={dropout}")
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.head_dim = d_model // num_heads
+        self.dropout = dropout
+        self.use_fused_attention = use_fused_attention
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = True
+
+        def projection(name, equation, output_shape, bias_axes):
+            dense = keras.layers.EinsumDense(
+                equation,
+                output_shape=output_shape,
+                bias_axes=bias_axes,
+                kernel_initializer=keras.initializers.get(
+                    keras.initializers.serialize(self.kernel_initializer)
+                ),
+                bias_initializer=keras.initializers.get(
+                    keras.initializers.serialize(self.bias_initializer)
+                ),
+                dtype=self.dtype_policy,
+                name=name,
+            )
+            dense.supports_masking = True  # position-wise: a Keras mask passes through
+            return dense
+
+        heads = (None, num_heads, self.head_dim)
+        # (B, T, D) -> (B, T, N, H)
+        self.query_dense = projection("query", "btd,dnh->btnh", heads, "nh")
+        self.key_dense = projection("key", "bsd,dnh->bsnh", heads, "nh")
+        self.value_dense = projection("value", "bsd,dnh->bsnh", heads, "nh")
+        # (B, T, N, H) -> (B, T, D)
+        self.output_dense = projection("attention_output", "btnh,nhd->btd", (None, d_model), "d")
+        self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        value_shape = query_shape if value_shape is None else value_shape
+        key_shape = value_shape if key_shape is None else key_shape
+        self.query_dense.build(query_shape)
+        self.key_dense.build(key_shape)
+        self.value_dense.build(value_shape)
+        self.output_dense.build((query_shape[0], query_shape[1], self.num_heads, self.head_dim))
+        self.built = True
+
+    def compute_key_value(self, value, key=None):
+        """Projects keys and values once, e.g. the encoder output for cross-attention.
+
+        Returns:
+            `(key, value)`, each `(B, S, N, H)`.
+        """
+        key = value if key is None else key
+        return self.key_dense(key), self.value_dense(value)
+
+    def call(
+        self,
+        query,
+        value=None,
+        key=None,
+        padding_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        training=None,
+    ):
+        value = query if value is None else value
+        key, value = self.compute_key_value(value, key)  # (B, S, N, H) each
+        query = self.query_dense(query)  # (B, T, N, H)
+        mask = merge_masks(
+            query,
+            key,
+            padding_mask=padding_mask,
+            attention_mask=attention_mask,
+            use_causal_mask=use_causal_mask,
+        )  # (B, T, S) or None
+        return self._attend(query, key, value, mask, training)
+
+    def call_with_cache(
+        self,
+        query,
+        cache_key,
+        cache_value,
+        cache_index=None,
+        padding_mask=None,
+        training=None,
+    ):
+        """Attends from new query steps with cached keys and values.
+
+        Self-attention (`cache_index` given): the query is one decoding step,
+        `(B, 1, D)`. Its key and value are written at position `cache_index`
+        of the fixed-size cache `(B, T_max, N, H)`, and the query attends to
+        positions `<= cache_index`. The write is a one-hot blend, which keeps
+        shapes static and exports to plain TensorFlow/ONNX ops.
+
+        Cross-attention (`cache_index=None`): `cache_key` and `cache_value`
+        come from `compute_key_value(encoder_output)` and are not changed;
+        `padding_mask` `(B, S)` masks the source padding.
+
+        Returns:
+            `(output (B, T, D), cache_key, cache_value)`.
+        """
+        query_heads = self.query_dense(query)  # (B, T, N, H)
+        if cache_index is None:
+            mask = merge_masks(query_heads, cache_key, padding_mask=padding_mask)
+            return self._attend(query_heads, cache_key, cache_value, mask, training), (
+                cache_key,
+                cache_value,
+            )
+        cache_length = ops.shape(cache_key)[1]
+        cache_index = ops.cast(cache_index, "int32")
+        key, value = self.compute_key_value(query)  # (B, 1, N, H) each
+        write = ops.one_hot(cache_index, cache_length, dtype=cache_key.dtype)  # (B, T_max)
+        write = write[:, :, None, None]  # (B, T_max, 1, 1)
+        cache_key = cache_key * (1 - write) + key * write  # (B, T_max, N, H)
+        cache_value = cache_value * (1 - write) + value * write
+        positions = ops.arange(cache_length, dtype="int32")  # (T_max,)
+        mask = positions[None, None, :] <= cache_index[:, None, None]  # (B, 1, T_max)
+        if padding_mask is not None:
+            mask = ops.logical_and(mask, ops.cast(padding_mask, "bool")[:, None, :])
+        output = self._attend(query_heads, cache_key, cache_value, mask, training)
+        return output, (cache_key, cache_value)
+
+    def _attend(self, query, key, value, mask, training):
+        """Scaled dot-product attention (Section 3.2.1) and the output projection.
+
+        query: (B, T, N, H); key, value: (B, S, N, H); mask: (B, T, S) bool.
+        """
+        scale = 1.0 / math.sqrt(self.head_dim)
+        dropout_active = training and self.dropout > 0
+        if self.use_fused_attention and not dropout_active:
+            fused_mask = None if mask is None else mask[:, None, :, :]  # (B, 1, T, S)
+            context = ops.dot_product_attention(
+                query, key, value, mask=fused_mask, scale=scale
+            )  # (B, T, N, H)
+        else:
+            # Scores, masking and softmax in float32, also under mixed precision.
+            scores = ops.einsum("btnh,bsnh->bnts", query, key)  # (B, N, T, S)
+            scores = ops.cast(scores, "float32") * scale
+            if mask is not None:
+                scores = ops.where(mask[:, None, :, :], scores, _NEG_INF)
+            weights = ops.cast(ops.softmax(scores, axis=-1), query.dtype)
+            weights = self.dropout_layer(weights, training=training)  # (B, N, T, S)
+            context = ops.einsum("bnts,bsnh->btnh", weights, value)  # (B, T, N, H)
+        return self.output_dense(context)  # (B, T, D)
+
+    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
+        return tuple(query_shape[:-1]) + (self.d_model,)
+
+    def compute_mask(self, query, value=None, key=None, **kwargs):
+        return getattr(query, "_keras_mask", None)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "d_model": self.d_model,
+                "num_heads": self.num_heads,
+                "dropout": self.dropout,
+                "use_fused_attention": self.use_fused_attention,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            }
+        )
+        return config

@@ -1,0 +1,45 @@
+"""Boolean attention masks, combined in one place.
+
+    padding_mask:   (B, S)     True = real key token
+    attention_mask: (B, T, S)  True = query t may attend to key s
+"""
+
+from keras import ops
+
+
+def padding_mask_from_ids(token_ids, pad_id=0):
+    """`(B, L)` ids -> `(B, L)` bool, True for real tokens."""
+    return ops.not_equal(token_ids, ops.cast(pad_id, token_ids.dtype))
+
+
+def causal_mask(query_length, key_length):
+    """`(T, S)` bool: query t may attend to keys s <= t (lower triangle)."""
+    rows = ops.arange(query_length, dtype="int32")[:, None]
+    cols = ops.arange(key_length, dtype="int32")[None, :]
+    return rows >= cols
+
+
+def merge_masks(query, key, padding_mask=None, attention_mask=None, use_causal_mask=False):
+    """Combines padding, explicit and causal masks into one `(B, T, S)` bool mask.
+
+    Args:
+        query: `(B, T, ...)` tensor; only its length is read.
+        key: `(B, S, ...)` tensor; only its length is read.
+        padding_mask: optional `(B, S)` bool, True for real keys.
+        attention_mask: optional `(B, T, S)` bool.
+        use_causal_mask: whether query t may only see keys <= t.
+
+    Returns:
+        `(B, T, S)` (or broadcastable `(B, 1, S)` / `(1, T, S)`) bool tensor,
+        or None when there is nothing to mask.
+    """
+    mask = None
+    if padding_mask is not None:
+        mask = ops.cast(padding_mask, "bool")[:, None, :]  # (B, 1, S)
+    if attention_mask is not None:
+        attention_mask = ops.cast(attention_mask, "bool")  # (B, T, S)
+        mask = attention_mask if mask is None else ops.logical_and(mask, attention_mask)
+    if use_causal_mask:
+        causal = causal_mask(ops.shape(query)[1], ops.shape(key)[1])[None, :, :]  # (1, T, S)
+        mask = causal if mask is None else ops.logical_and(mask, causal)
+    return mask

@@ -1,0 +1,263 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need"."""
+
+import dataclasses
+
+import keras
+from keras import ops
+
+from keras_transformer.config import TransformerConfig, get_preset
+from keras_transformer.layers import (
+    DecoderLayer,
+    EncoderLayer,
+    PositionalEncoding,
+    TokenEmbedding,
+    padding_mask_from_ids,
+)
+from keras_transformer.layers.encoder import layer_norm
+
+_CONFIG_FIELDS = tuple(field.name for field in dataclasses.fields(TransformerConfig))
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Transformer(keras.Model):
+    """Encoder-decoder Transformer for translation (https://arxiv.org/abs/1706.03762).
+
+    Source and target share one vocabulary and one embedding matrix, which
+    is also the pre-softmax projection (Section 3.4). Embeddings are scaled
+    by sqrt(d_model), summed with sinusoidal positions (Section 3.5) and
+    dropped out; then N encoder and N decoder layers (Section 3.1).
+
+    Args: the fields of `TransformerConfig` (`vocab_size`, `num_layers`,
+        `d_model`, `num_heads`, `d_ff`, `dropout`, `attention_dropout`,
+        `max_length`, `norm_first`, `layer_norm_epsilon`,
+        `use_fused_attention`, `pad_id`, `bos_id`, `eos_id`), plus base
+        `keras.Model` arguments (`name`, `dtype`).
+
+    Call arguments:
+        inputs: dict with `"source_ids"` `(B, S)` and `"target_ids"` `(B, T)`
+            integer ids, `pad_id` for padding; `target_ids` starts with
+            `bos_id` (teacher forcing).
+        training: bool.
+
+    Returns:
+        `(B, T, V)` float32 logits of the next target token.
+
+    Incremental decoding: `init_cache(source_ids, max_length)` encodes the
+    source once; `decode_step(token_ids, cache)` returns `(B, V)` logits of
+    the next token and the updated cache. Every cache entry has the batch
+    on axis 0, so beam search can reorder it without knowing what it holds.
+
+    Example:
+
+    >>> model = Transformer.from_preset("tiny")
+    >>> inputs = {"source_ids": keras.ops.array([[5, 6, 7, 3, 0]]),
+    ...           "target_ids": keras.ops.array([[2, 8, 9]])}
+    >>> model(inputs).shape
+    (1, 3, 1000)
+    """
+
+    def __init__(
+        self,
+        vocab_size,
+        num_layers=6,
+        d_model=512,
+        num_heads=8,
+        d_ff=2048,
+        dropout=0.1,
+        attention_dropout=0.0,
+        max_length=256,
+        norm_first=False,
+        layer_norm_epsilon=1e-6,
+        use_fused_attention=False,
+        pad_id=0,
+        bos_id=2,
+        eos_id=3,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        # Validates every value, with errors that name them.
+        self.config = TransformerConfig(
+            vocab_size=vocab_size,
+            num_layers=num_layers,
+            d_model=d_model,
+            num_heads=num_heads,
+            d_ff=d_ff,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            max_length=max_length,
+            norm_first=norm_first,
+            layer_norm_epsilon=layer_norm_epsilon,
+            use_fused_attention=use_fused_attention,
+            pad_id=pad_id,
+            bos_id=bos_id,
+            eos_id=eos_id,
+        )
+        dtype = self.dtype_policy
+        block = dict(
+            d_model=d_model,
+            num_heads=num_heads,
+            d_ff=d_ff,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            norm_first=norm_first,
+            layer_norm_epsilon=layer_norm_epsilon,
+            use_fused_attention=use_fused_attention,
+            dtype=dtype,
+        )
+        self.embedding = TokenEmbedding(vocab_size, d_model, pad_id=pad_id, dtype=dtype, name="embedding")
+        self.positional_encoding = PositionalEncoding(dtype=dtype, name="positional_encoding")
+        self.embedding_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="embedding_dropout")
+        self.encoder_layers = [
+            EncoderLayer(**block, name=f"encoder_layer_{i}") for i in range(num_layers)
+        ]
+        self.decoder_layers = [
+            DecoderLayer(**block, name=f"decoder_layer_{i}") for i in range(num_layers)
+        ]
+        # Pre-LN stacks end with a LayerNorm; post-LN outputs are already normalized.
+        self.encoder_norm = layer_norm(layer_norm_epsilon, dtype, "encoder_norm") if norm_first else None
+        self.decoder_norm = layer_norm(layer_norm_epsilon, dtype, "decoder_norm") if norm_first else None
+
+    @classmethod
+    def from_preset(cls, preset, **overrides):
+        """`Transformer.from_preset("base", vocab_size=37000)`; see `config.PRESETS`."""
+        return cls(**dataclasses.asdict(get_preset(preset, **overrides)))
+
+    def build(self, inputs_shape=None):
+        hidden = (None, None, self.config.d_model)
+        self.embedding.build()
+        for layer in self.encoder_layers:
+            layer.build(hidden)
+        for layer in self.decoder_layers:
+            layer.build(hidden, hidden)
+        for norm in (self.encoder_norm, self.decoder_norm):
+            if norm is not None:
+                norm.build(hidden)
+        self.built = True
+
+    def _embed(self, token_ids, start_index=0, training=None):
+        x = self.embedding(token_ids)  # (B, L, D), scaled by sqrt(D)
+        x = self.positional_encoding(x, start_index=start_index)
+        return self.embedding_dropout(x, training=training)
+
+    def encode(self, source_ids, training=None):
+        """`(B, S)` ids -> `(B, S, D)` encoder output."""
+        padding_mask = padding_mask_from_ids(ops.cast(source_ids, "int32"), self.config.pad_id)
+        x = self._embed(source_ids, training=training)
+        for layer in self.encoder_layers:
+            x = layer(x, padding_mask=padding_mask, training=training)
+        if self.encoder_norm is not None:
+            x = self.encoder_norm(x)
+        return x
+
+    def decode(self, target_ids, encoder_outputs, source_ids, training=None):
+        """`(B, T)` target ids and the encoder output -> `(B, T, V)` float32 logits."""
+        source_mask = padding_mask_from_ids(ops.cast(source_ids, "int32"), self.config.pad_id)
+        target_mask = padding_mask_from_ids(ops.cast(target_ids, "int32"), self.config.pad_id)
+        x = self._embed(target_ids, training=training)
+        for layer in self.decoder_layers:
+            x = layer(
+                x,
+                encoder_outputs,
+                padding_mask=target_mask,
+                encoder_padding_mask=source_mask,
+                training=training,
+            )
+        return self._logits(x)
+
+    def _logits(self, x):
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        return ops.cast(self.embedding.logits(x), "float32")
+
+    def call(self, inputs, training=None):
+        if isinstance(inputs, dict):
+            source_ids, target_ids = inputs["source_ids"], inputs["target_ids"]
+        else:
+            source_ids, target_ids = inputs
+        encoder_outputs = self.encode(source_ids, training=training)
+        return self.decode(target_ids, encoder_outputs, source_ids, training=training)
+
+    def init_cache(self, source_ids, max_length):
+        """Encodes the source and allocates the decoding cache.
+
+        Args:
+            source_ids: `(B, S)` integer ids.
+            max_length: int. Number of target positions the cache holds.
+
+        Returns:
+            dict, every entry batch-first:
+            `index` `(B,)` int32, the next position to decode;
+            `self_key`, `self_value` `(B, L, max_length, N, H)`, zeros;
+            `cross_key`, `cross_value` `(B, L, S, N, H)`, computed once;
+            `source_mask` `(B, S)` bool, True for real source tokens.
+        """
+        source_ids = ops.cast(source_ids, "int32")
+        encoder_outputs = self.encode(source_ids, training=False)  # (B, S, D)
+        cross = [
+            layer.cross_attention.compute_key_value(encoder_outputs) for layer in self.decoder_layers
+        ]
+        cross_key = ops.stack([k for k, _ in cross], axis=1)  # (B, L, S, N, H)
+        cross_value = ops.stack([v for _, v in cross], axis=1)
+        batch_size = ops.shape(source_ids)[0]
+        config = self.config
+        self_shape = (
+            batch_size,
+            config.num_layers,
+            max_length,
+            config.num_heads,
+            config.d_model // config.num_heads,
+        )
+        zeros = ops.zeros(self_shape, dtype=cross_key.dtype)
+        return {
+            "index": ops.zeros((batch_size,), dtype="int32"),
+            "self_key": zeros,
+            "self_value": zeros,
+            "cross_key": cross_key,
+            "cross_value": cross_value,
+            "source_mask": padding_mask_from_ids(source_ids, config.pad_id),
+        }
+
+    def decode_step(self, token_ids, cache):
+        """Decodes one position for every sequence.
+
+        Args:
+            token_ids: `(B,)` ids of the tokens at position `cache["index"]`.
+            cache: dict from `init_cache` or a previous `decode_step`.
+
+        Returns:
+            `(logits (B, V) float32, cache)` with `index` advanced by one.
+        """
+        index = cache["index"]  # (B,)
+        x = self._embed(ops.cast(token_ids, "int32")[:, None], start_index=index)  # (B, 1, D)
+        self_keys, self_values = [], []
+        for i, layer in enumerate(self.decoder_layers):
+            x, (key, value) = layer.call_with_cache(
+                x,
+                cache["self_key"][:, i],
+                cache["self_value"][:, i],
+                cache["cross_key"][:, i],
+                cache["cross_value"][:, i],
+                cache_index=index,
+                encoder_padding_mask=cache["source_mask"],
+            )
+            self_keys.append(key)
+            self_values.append(value)
+        logits = self._logits(x)[:, 0, :]  # (B, V)
+        cache = dict(
+            cache,
+            index=index + 1,
+            self_key=ops.stack(self_keys, axis=1),  # (B, L, T_max, N, H)
+            self_value=ops.stack(self_values, axis=1),
+        )
+        return logits, cache
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(dataclasses.asdict(self.config))
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config.pop("trainable", None)
+        return cls(**config)
