@@ -1,0 +1,36 @@
+# Two set-up commands do everything on a fresh machine:
+#   make train   train on the default corpus, evaluate, export to saved_models/
+#   make test    the test suite on TensorFlow, then the backend-agnostic tests on JAX and torch
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+CORPUS := /usr/share/trans/de-en
+PYTEST_ARGS ?=
+
+.PHONY: train test install corpus lint
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[jax,torch,dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# The Ding dictionary (Debian package trans-de-en, GPL-2+), parsed at run time.
+corpus:
+	@test -f $(CORPUS) || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq trans-de-en; }
+
+train: install corpus
+	$(PY) train.py $(TRAIN_ARGS)
+
+test: install corpus
+	$(PY) -m pytest $(PYTEST_ARGS)
+	KERAS_BACKEND=jax $(PY) -m pytest -m multibackend $(PYTEST_ARGS)
+	KERAS_BACKEND=torch $(PY) -m pytest -m multibackend $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check keras_transformer tests train.py export benchmarks
