@@ -1,0 +1,129 @@
+"""Export a trained work directory for serving: a SavedModel for TF Serving and ONNX graphs.
+
+    from keras_transformer.export import export_all
+    export_all("work", output_dir="saved_models", name="transformer")
+
+writes, in TF Serving's layout, with one new integer version per call:
+
+    saved_models/transformer/<version>/        SavedModel, text in / text out
+    saved_models/transformer/onnx/<version>/   encoder.onnx, decoder_step.onnx, vocab.model, config.json
+
+TensorFlow is imported by the exporters (the model must be loaded under
+`KERAS_BACKEND=tensorflow`); tf2onnx only by the ONNX exporter.
+"""
+
+import logging
+import os
+
+from keras_transformer.export.artifacts import (
+    atomic_directory,
+    check_version,
+    check_work_dir,
+    next_version,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SEARCH = {"beam_size": 4, "alpha": 0.6, "max_extra_length": 50}
+FORMATS = ("saved_model", "onnx")
+
+
+def load_work_dir(work_dir):
+    """`(model, tokenizer, run_info)` of a trained work directory, with clear errors."""
+    run_info = check_work_dir(work_dir)
+    try:
+        from keras_transformer.training import load_trained
+    except ImportError:  # TEMP until training.py lands
+        import keras
+        import keras_hub
+
+        import keras_transformer  # noqa: F401  registers the layers
+
+        model = keras.saving.load_model(os.path.join(work_dir, "model.keras"), compile=False)
+        tokenizer = keras_hub.tokenizers.SentencePieceTokenizer(
+            proto=os.path.join(work_dir, "vocab.model")
+        )
+        return model, tokenizer, run_info
+    return load_trained(work_dir)
+
+
+def _paths(output_dir, name, version):
+    model_dir = os.path.join(output_dir, name)
+    return {
+        "saved_model": os.path.join(model_dir, str(version)),
+        "onnx": os.path.join(model_dir, "onnx", str(version)),
+    }
+
+
+def export_all(
+    work_dir,
+    output_dir="saved_models",
+    name="transformer",
+    version=None,
+    overwrite=False,
+    formats=FORMATS,
+    search=None,
+    opset=None,
+):
+    """Exports the trained model in `work_dir` as a SavedModel and as ONNX graphs.
+
+    Args:
+        work_dir: a finished training run (`vocab.model`, `model.keras`, `run.json`).
+        output_dir: root of the exports (`saved_models/`).
+        name: model name: TF Serving's `<name>` and the REST path `/v1/models/<name>`.
+        version: positive int. Defaults to one more than the newest version
+            in `output_dir/name`. An existing version is refused unless
+            `overwrite=True`.
+        overwrite: replace an existing version.
+        formats: any of `"saved_model"`, `"onnx"`.
+        search: dict overriding `DEFAULT_SEARCH` (`beam_size`, `alpha`,
+            `max_extra_length`), baked into the SavedModel and config.json.
+        opset: ONNX opset (default `onnx_graphs.DEFAULT_OPSET`, at most 18).
+
+    Returns:
+        dict format -> the directory written.
+    """
+    unknown = sorted(set(formats) - set(FORMATS))
+    if unknown or not formats:
+        raise ValueError(f"formats must be a non-empty subset of {FORMATS}. Received: {formats}")
+    if not name or os.sep in name or name.startswith("."):
+        raise ValueError(f"name must be a plain directory name. Received: name={name!r}")
+    search = {**DEFAULT_SEARCH, **(search or {})}
+    check_work_dir(work_dir)  # fail before any slow import
+    model_dir = os.path.join(output_dir, name)
+    version = next_version(model_dir) if version is None else check_version(version)
+    if version == next_version(model_dir) and os.path.isdir(os.path.join(model_dir, "onnx")):
+        version = max(version, next_version(os.path.join(model_dir, "onnx")))
+    paths = {f: p for f, p in _paths(output_dir, name, version).items() if f in formats}
+    if not overwrite:
+        existing = [p for p in paths.values() if os.path.exists(p)]
+        if existing:
+            raise FileExistsError(
+                f"Version {version} of {name!r} already exists: {existing}. "
+                "Pass overwrite=True (`--overwrite`) to replace it, or leave `version` unset "
+                "to export a new version."
+            )
+
+    model, tokenizer, _ = load_work_dir(work_dir)
+    if "saved_model" in paths:
+        from keras_transformer.export.saved_model import export_saved_model
+
+        with atomic_directory(paths["saved_model"], overwrite=overwrite) as staging:
+            export_saved_model(model, tokenizer, staging, **search)
+        logger.info("SavedModel written to %s", paths["saved_model"])
+    if "onnx" in paths:
+        from keras_transformer.export.onnx_graphs import DEFAULT_OPSET, export_onnx
+
+        with atomic_directory(paths["onnx"], overwrite=overwrite) as staging:
+            export_onnx(
+                model,
+                os.path.join(work_dir, "vocab.model"),
+                staging,
+                opset=opset or DEFAULT_OPSET,
+                search=search,
+            )
+        logger.info("ONNX graphs written to %s", paths["onnx"])
+    return paths
+
+
+__all__ = ["DEFAULT_SEARCH", "export_all", "load_work_dir"]

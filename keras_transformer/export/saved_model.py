@@ -1,0 +1,106 @@
+"""SavedModel export for TF Serving: text in, text out, beam search in the graph.
+
+The exported signatures use only core TensorFlow ops and the SentencePiece
+ops of TensorFlow Text, so the SavedModel loads with `import tensorflow_text`
+and no project code, and runs in the `tensorflow/serving` image:
+
+    serving_default    sentences (string [B])      -> translations (string [B])   beam search
+    translate_greedy   sentences (string [B])      -> translations (string [B])   greedy
+    translate_ids      source_ids (int32 [B, S])   -> target_ids (int32 [B, T])   beam search
+    greedy_ids         source_ids (int32 [B, S])   -> target_ids (int32 [B, T])   greedy
+
+`source_ids` are SentencePiece ids ending with EOS, padded with 0;
+`target_ids` hold the output without BOS, EOS included, 0 after it.
+"""
+
+import json
+import os
+
+import keras
+import tensorflow as tf
+
+from keras_transformer.decoding import translate_ids
+
+SIGNATURES = ("serving_default", "translate_greedy", "translate_ids", "greedy_ids")
+
+
+def encode_sentences(tokenizer, sentences, max_source_length, eos_id, pad_id=0):
+    """`(B,)` strings -> `(B, S)` int32 source ids ending with EOS, `pad_id`-padded.
+
+    Invalid UTF-8 is replaced by U+FFFD first (as Python's
+    `bytes.decode("utf-8", "replace")` does), and sentences longer than
+    `max_source_length - 1` pieces are truncated, so every input gives a
+    defined output.
+    """
+    sentences = tf.strings.unicode_transcode(
+        sentences, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
+    )
+    pieces = tokenizer(sentences)  # ragged (B, None) int32
+    pieces = tf.cast(pieces[:, : max_source_length - 1], tf.int32)
+    eos = tf.fill([pieces.nrows(), 1], tf.constant(eos_id, tf.int32))  # (B, 1)
+    source = tf.concat([pieces, tf.RaggedTensor.from_tensor(eos)], axis=1)
+    return source.to_tensor(default_value=pad_id)  # (B, S)
+
+
+def decode_ids(tokenizer, target_ids, eos_id):
+    """`(B, T)` output ids -> `(B,)` strings: everything before the first EOS, detokenized."""
+    target_ids = tf.cast(target_ids, tf.int32)
+    is_eos = tf.cast(tf.equal(target_ids, eos_id), tf.int32)
+    before_eos = tf.equal(tf.cumsum(is_eos, axis=1), 0)  # (B, T) True before the first EOS
+    lengths = tf.reduce_sum(tf.cast(before_eos, tf.int32), axis=1)
+    pieces = tf.RaggedTensor.from_tensor(target_ids, lengths=lengths)
+    return tokenizer.detokenize(pieces)  # (B,) string
+
+
+def export_saved_model(model, tokenizer, export_dir, beam_size=4, alpha=0.6, max_extra_length=50):
+    """Writes the four signatures of a `Transformer` and its tokenizer to `export_dir`.
+
+    Args:
+        model: a trained `Transformer` (TensorFlow backend).
+        tokenizer: a keras-hub `SentencePieceTokenizer` with the model's vocabulary.
+        export_dir: directory to write (TF Serving's `<name>/<version>`).
+        beam_size, alpha, max_extra_length: search settings baked into the
+            beam signatures (see `decoding.translate_ids`).
+    """
+    if keras.backend.backend() != "tensorflow":
+        raise RuntimeError(
+            "SavedModel export needs KERAS_BACKEND=tensorflow. "
+            f"Received: backend={keras.backend.backend()!r}"
+        )
+    config = model.config
+    tokenizer.build(None)  # the SentencePiece op must exist before tracking
+
+    def text_to_text(beam):
+        def translate(sentences):
+            source_ids = encode_sentences(
+                tokenizer, sentences, config.max_length, config.eos_id, config.pad_id
+            )
+            target_ids = translate_ids(model, source_ids, beam, alpha, max_extra_length)
+            return {"translations": decode_ids(tokenizer, target_ids, config.eos_id)}
+
+        return translate
+
+    def ids_to_ids(beam):
+        def translate(source_ids):
+            source_ids = tf.cast(source_ids[:, : config.max_length], tf.int32)
+            return {"target_ids": translate_ids(model, source_ids, beam, alpha, max_extra_length)}
+
+        return translate
+
+    text = [tf.TensorSpec([None], tf.string, name="sentences")]
+    ids = [tf.TensorSpec([None, None], tf.int32, name="source_ids")]
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.track(tokenizer)
+    archive.add_endpoint("serving_default", text_to_text(beam_size), input_signature=text)
+    archive.add_endpoint("translate_greedy", text_to_text(1), input_signature=text)
+    archive.add_endpoint("translate_ids", ids_to_ids(beam_size), input_signature=ids)
+    archive.add_endpoint("greedy_ids", ids_to_ids(1), input_signature=ids)
+    archive.write_out(export_dir, verbose=False)
+    # assets.extra/ is TF Serving's place for files next to a SavedModel; it ignores them.
+    os.makedirs(os.path.join(export_dir, "assets.extra"), exist_ok=True)
+    settings = dict(beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length)
+    with open(os.path.join(export_dir, "assets.extra", "export_info.json"), "w") as f:
+        json.dump({"search": settings, "signatures": SIGNATURES, "model": model.get_config()},
+                  f, indent=2)  # fmt: skip
+    return export_dir

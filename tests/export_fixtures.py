@@ -1,0 +1,113 @@
+"""A tiny trained work directory and its exports, built once per test session.
+
+Shared by test_export_saved_model.py, test_export_onnx.py and
+test_serving_bad_input.py: a SentencePiece model on synthetic text, a
+"tiny" Transformer fitted for a few seconds on a copy task (so greedy and
+beam outputs differ from sentence to sentence and end with EOS), and one
+`export_all` of it. Results are cached in this module, so every test file
+shares one export.
+"""
+
+import json
+import os
+import random
+
+import numpy as np
+
+WORDS = (
+    "haus katze hund baum auto wasser feuer licht nacht tag garten buch stadt fluss berg see "
+    "brot milch kind frau mann schule strasse fenster tisch stuhl"
+).split()
+VOCAB_SIZE = 48
+_CACHE = {}
+
+
+def synthetic_sentences(count, seed, min_words=1, max_words=8):
+    rng = random.Random(seed)
+    return [
+        " ".join(rng.choice(WORDS) for _ in range(rng.randint(min_words, max_words)))
+        for _ in range(count)
+    ]
+
+
+def _train_vocab(path):
+    import sentencepiece as spm
+
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(synthetic_sentences(3000, seed=0)),
+        model_prefix=path[: -len(".model")],
+        vocab_size=VOCAB_SIZE,
+        model_type="unigram",
+        pad_id=0,
+        unk_id=1,
+        bos_id=2,
+        eos_id=3,
+        hard_vocab_limit=False,
+        minloglevel=2,
+    )
+
+
+def _fit_copy_task(model, processor, steps):
+    """A few Adam steps on `target = source` (ids), enough for varied outputs."""
+    import keras
+
+    from keras_transformer.losses import LabelSmoothedCrossEntropy
+
+    sentences = synthetic_sentences(512, seed=1, max_words=5)
+    ids = [processor.encode(s)[:14] + [3] for s in sentences]
+    length = max(map(len, ids))
+    source = np.zeros((len(ids), length), "int32")
+    for i, row in enumerate(ids):
+        source[i, : len(row)] = row
+    target_in = np.concatenate([np.full((len(ids), 1), 2, "int32"), source[:, :-1]], axis=1)
+    target_in[target_in == 3] = 0  # the decoder input stops before EOS
+    model.compile(optimizer=keras.optimizers.Adam(3e-3), loss=LabelSmoothedCrossEntropy(0.0))
+    model.fit(
+        {"source_ids": source, "target_ids": target_in},
+        source,
+        batch_size=32,
+        epochs=max(1, steps // (len(ids) // 32)),
+        verbose=0,
+    )
+
+
+def make_work_dir(path, steps=160):
+    """Writes vocab.model, model.keras and run.json of a tiny trained model to `path`."""
+    import sentencepiece as spm
+
+    from keras_transformer import Transformer
+
+    os.makedirs(path, exist_ok=True)
+    _train_vocab(os.path.join(path, "vocab.model"))
+    processor = spm.SentencePieceProcessor(model_file=os.path.join(path, "vocab.model"))
+    model = Transformer.from_preset(
+        "tiny", vocab_size=processor.get_piece_size(), dropout=0.0, max_length=32
+    )
+    _fit_copy_task(model, processor, steps)
+    model.save(os.path.join(path, "model.keras"))
+    run_info = {
+        "model": model.get_config(),
+        "data": {"direction": "de-en"},
+        "final_metrics": {"note": "copy task, test fixture"},
+    }
+    with open(os.path.join(path, "run.json"), "w") as f:
+        json.dump(run_info, f, indent=2)
+    return path
+
+
+def exported(tmp_path_factory):
+    """`(work_dir, paths)`: the tiny work dir and `export_all`'s result, built once."""
+    if "exported" not in _CACHE:
+        from keras_transformer.export import export_all
+
+        root = tmp_path_factory.mktemp("export")
+        work_dir = make_work_dir(str(root / "work"))
+        paths = export_all(work_dir, output_dir=str(root / "saved_models"), name="tiny")
+        _CACHE["exported"] = (work_dir, paths)
+    return _CACHE["exported"]
+
+
+def held_out_sentences(count, seed=7):
+    """Held-out sentences: some longer than the training ones, some with unseen words."""
+    sentences = synthetic_sentences(count, seed=seed, max_words=10)
+    return [s if i % 10 else s + " zebra!" for i, s in enumerate(sentences)]
