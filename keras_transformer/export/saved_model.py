@@ -39,7 +39,13 @@ def encode_sentences(tokenizer, sentences, max_source_length, eos_id, pad_id=0):
     pieces = tf.cast(pieces[:, : max_source_length - 1], tf.int32)
     eos = tf.fill([pieces.nrows(), 1], tf.constant(eos_id, tf.int32))  # (B, 1)
     source = tf.concat([pieces, tf.RaggedTensor.from_tensor(eos)], axis=1)
-    return source.to_tensor(default_value=pad_id)  # (B, S)
+    return at_least_one_column(source.to_tensor(default_value=pad_id), pad_id)  # (B, S)
+
+
+def at_least_one_column(ids, pad_id=0):
+    """Pads `(B, 0)` ids (an empty batch densifies to 0 columns) to `(B, 1)`."""
+    missing = tf.maximum(1 - tf.shape(ids)[1], 0)
+    return tf.pad(ids, [[0, 0], [0, missing]], constant_values=pad_id)
 
 
 def decode_ids(tokenizer, target_ids, eos_id):
@@ -83,6 +89,7 @@ def export_saved_model(model, tokenizer, export_dir, beam_size=4, alpha=0.6, max
     def ids_to_ids(beam):
         def translate(source_ids):
             source_ids = tf.cast(source_ids[:, : config.max_length], tf.int32)
+            source_ids = at_least_one_column(source_ids, config.pad_id)
             return {"target_ids": translate_ids(model, source_ids, beam, alpha, max_extra_length)}
 
         return translate
