@@ -1,0 +1,328 @@
+"""Shared pieces of the benchmarks: the three builds, the batch, FLOP counts, timing.
+
+Every benchmark process runs under one Keras backend, chosen by
+`KERAS_BACKEND` before `keras` is imported. The parent process never
+imports a backend: it re-runs the benchmark script once per backend with
+`spawn()` and reads one JSON line back.
+
+The three builds of the same architecture (post-LN encoder-decoder, tied
+source/target/output embedding scaled by sqrt(D), sinusoidal positions):
+
+    keras_transformer  this package's `Transformer`
+    keras_hub          keras_hub `ReversibleEmbedding` + `SinePositionEncoding`
+                       + `TransformerEncoder` / `TransformerDecoder`
+                       (`normalize_first=False`)
+    keras_mha          `keras.layers.MultiHeadAttention` blocks, below
+"""
+
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+CANDIDATES = ("keras_transformer", "keras_hub", "keras_mha")
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def spawn(script, backend, argv, timeout=900):
+    """Runs `script --worker argv` under `backend`; returns the JSON it prints last."""
+    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
+    env.setdefault("PYTHONPATH", os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    result = subprocess.run(
+        [sys.executable, script, "--worker", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    if result.returncode != 0 or not lines:
+        tail = "\n".join(result.stderr.splitlines()[-25:])
+        raise RuntimeError(f"{backend} worker failed (rc={result.returncode}):\n{tail}")
+    return json.loads(lines[-1])
+
+
+def peak_rss_mib():
+    """Peak resident set size of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def median(values):
+    return statistics.median(values)
+
+
+def load_average():
+    return os.getloadavg()
+
+
+# --------------------------------------------------------------------------- FLOPs
+
+
+def training_flops(config, batch_size, source_length, target_length):
+    """Matmul FLOPs of one training step (forward + backward), counted analytically.
+
+    A matmul with a (K, M) weight costs 2*K*M FLOPs per token forward and
+    twice that backward (gradients of inputs and of weights): 6*K*M per
+    token per step. Per layer, with D = d_model and F = d_ff:
+
+        encoder layer:  4 D^2 (Q, K, V, output) + 2 D F           per source token
+        decoder layer:  8 D^2 (self + cross)    + 2 D F           per target token
+        logits:         V D (the tied embedding, transposed)      per target token
+
+    The embedding lookup is a gather (no FLOPs), so the shared matrix is
+    counted once, through the logits. Cross-attention K/V projections
+    act on source tokens, not target tokens, when S != T; we count them
+    per source token. Attention itself (Q K^T and weights @ V) costs
+    2 * 2 * T * S * D per sequence and layer forward, computed in full
+    even where the causal mask zeroes half of it. Biases, LayerNorm,
+    softmax and dropout are element-wise and left out (< 2% here).
+    """
+    d, f, v, n = config.d_model, config.d_ff, config.vocab_size, config.num_layers
+    s, t, b = source_length, target_length, batch_size
+    weights = n * (4 * d * d + 2 * d * f) * s  # encoder
+    weights += n * (2 * d * d + 2 * d * f) * t + n * 2 * d * d * t  # decoder: self + ffn, Q/out of cross
+    weights += n * 2 * d * d * s  # decoder cross-attention K/V projections of the source
+    weights += v * d * t  # logits
+    attention = n * (4 * s * s * d + 4 * t * t * d + 4 * t * s * d)  # enc self, dec self, cross
+    return 3 * b * (2 * weights + attention)
+
+
+# --------------------------------------------------------------------------- data
+
+
+def make_batch(config, batch_size, source_length, target_length, seed=0):
+    """A fixed in-memory batch: x = {source_ids, target_ids}, y = next-token labels.
+
+    The last quarter of every other source/target row is padding, so the
+    padding masks do real work in all builds.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    low = max(config.pad_id, config.bos_id, config.eos_id) + 1
+    source = rng.integers(low, config.vocab_size, (batch_size, source_length), dtype="int32")
+    labels = rng.integers(low, config.vocab_size, (batch_size, target_length), dtype="int32")
+    source[::2, source_length - source_length // 4 :] = config.pad_id
+    labels[::2, target_length - target_length // 4 :] = config.pad_id
+    target = np.concatenate(
+        [np.full((batch_size, 1), config.bos_id, dtype="int32"), labels[:, :-1]], axis=1
+    )
+    target[labels == config.pad_id] = config.pad_id
+    return {"source_ids": source, "target_ids": target}, labels
+
+
+# --------------------------------------------------------------------------- builds
+
+
+def build_model(name, config):
+    """One of `CANDIDATES`, with the architecture of `config` and the global dtype policy."""
+    import keras
+
+    from keras_transformer import Transformer
+
+    if name == "keras_transformer":
+        import dataclasses
+
+        return Transformer(**dataclasses.asdict(config))
+    if name == "keras_hub":
+        return _keras_hub_model(config)
+    if name == "keras_mha":
+        return _keras_mha_model(config)
+    raise ValueError(f"Unknown candidate {name!r}. Available: {CANDIDATES}")
+
+
+def _keras_hub_model(config):
+    import keras
+    import keras_hub
+    from keras import ops
+
+    class KerasHubTransformer(keras.Model):
+        """keras-hub blocks. Note: keras-hub applies `dropout` to attention weights too."""
+
+        def __init__(self, config, **kwargs):
+            super().__init__(**kwargs)
+            self.config = config
+            self.embedding = keras_hub.layers.ReversibleEmbedding(
+                config.vocab_size,
+                config.d_model,
+                tie_weights=True,
+                embeddings_initializer=keras.initializers.RandomNormal(stddev=config.d_model**-0.5),
+            )
+            self.positions = keras_hub.layers.SinePositionEncoding()
+            self.embedding_dropout = keras.layers.Dropout(config.dropout)
+            block = dict(
+                intermediate_dim=config.d_ff,
+                num_heads=config.num_heads,
+                dropout=config.dropout,
+                layer_norm_epsilon=config.layer_norm_epsilon,
+                normalize_first=False,
+            )
+            self.encoder_layers = [
+                keras_hub.layers.TransformerEncoder(**block) for _ in range(config.num_layers)
+            ]
+            self.decoder_layers = [
+                keras_hub.layers.TransformerDecoder(**block) for _ in range(config.num_layers)
+            ]
+
+        def _embed(self, ids, training):
+            x = self.embedding(ids) * math.sqrt(self.config.d_model)
+            x = x + self.positions(x)
+            return self.embedding_dropout(x, training=training)
+
+        def call(self, inputs, training=None):
+            source = ops.cast(inputs["source_ids"], "int32")
+            target = ops.cast(inputs["target_ids"], "int32")
+            source_mask = ops.not_equal(source, self.config.pad_id)
+            target_mask = ops.not_equal(target, self.config.pad_id)
+            x = self._embed(source, training)
+            for layer in self.encoder_layers:
+                x = layer(x, padding_mask=source_mask, training=training)
+            y = self._embed(target, training)
+            for layer in self.decoder_layers:
+                y = layer(
+                    y,
+                    x,
+                    decoder_padding_mask=target_mask,
+                    encoder_padding_mask=source_mask,
+                    training=training,
+                )
+            return ops.cast(self.embedding(y, reverse=True), "float32")
+
+    return KerasHubTransformer(config)
+
+
+def _keras_mha_model(config):
+    import keras
+    from keras import ops
+
+    from keras_transformer.layers import PositionalEncoding
+
+    d = config.d_model
+
+    def attention():
+        return keras.layers.MultiHeadAttention(
+            config.num_heads, d // config.num_heads, dropout=config.attention_dropout
+        )
+
+    def norm():
+        return keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon)
+
+    class Block(keras.layers.Layer):
+        """Post-LN block: self-attention, optional cross-attention, feed-forward."""
+
+        def __init__(self, cross, **kwargs):
+            super().__init__(**kwargs)
+            self.self_attention, self.norm1 = attention(), norm()
+            self.cross_attention = attention() if cross else None
+            self.norm2 = norm() if cross else None
+            self.inner = keras.layers.Dense(config.d_ff, activation="relu")
+            self.outer = keras.layers.Dense(d)
+            self.norm3 = norm()
+            self.dropout = keras.layers.Dropout(config.dropout)
+
+        def call(self, x, self_mask, memory=None, cross_mask=None, causal=False, training=None):
+            h = self.self_attention(
+                x, x, attention_mask=self_mask, use_causal_mask=causal, training=training
+            )
+            x = self.norm1(x + self.dropout(h, training=training))
+            if self.cross_attention is not None:
+                h = self.cross_attention(x, memory, attention_mask=cross_mask, training=training)
+                x = self.norm2(x + self.dropout(h, training=training))
+            h = self.outer(self.inner(x))
+            return self.norm3(x + self.dropout(h, training=training))
+
+    class KerasMHATransformer(keras.Model):
+        def __init__(self, config, **kwargs):
+            super().__init__(**kwargs)
+            self.config = config
+            self.embedding = keras.layers.Embedding(
+                config.vocab_size,
+                d,
+                embeddings_initializer=keras.initializers.RandomNormal(stddev=d**-0.5),
+            )
+            self.positions = PositionalEncoding()
+            self.embedding_dropout = keras.layers.Dropout(config.dropout)
+            self.encoder_layers = [Block(False) for _ in range(config.num_layers)]
+            self.decoder_layers = [Block(True) for _ in range(config.num_layers)]
+
+        def _embed(self, ids, training):
+            x = self.embedding(ids) * math.sqrt(d)
+            return self.embedding_dropout(self.positions(x), training=training)
+
+        def call(self, inputs, training=None):
+            source = ops.cast(inputs["source_ids"], "int32")
+            target = ops.cast(inputs["target_ids"], "int32")
+            source_mask = ops.not_equal(source, self.config.pad_id)[:, None, :]  # (B, 1, S)
+            target_mask = ops.not_equal(target, self.config.pad_id)[:, None, :]  # (B, 1, T)
+            t, s = ops.shape(target)[1], ops.shape(source)[1]
+            encoder_mask = ops.broadcast_to(source_mask, (ops.shape(source)[0], s, s))
+            decoder_mask = ops.broadcast_to(target_mask, (ops.shape(target)[0], t, t))
+            cross_mask = ops.broadcast_to(source_mask, (ops.shape(source)[0], t, s))
+            x = self._embed(source, training)
+            for layer in self.encoder_layers:
+                x = layer(x, encoder_mask, training=training)
+            y = self._embed(target, training)
+            for layer in self.decoder_layers:
+                y = layer(y, decoder_mask, x, cross_mask, causal=True, training=training)
+            embeddings = ops.cast(self.embedding.embeddings, y.dtype)
+            return ops.cast(ops.matmul(y, ops.transpose(embeddings)), "float32")
+
+    return KerasMHATransformer(config)
+
+
+def compile_for_training(model, config, jit_compile=False):
+    """Adam (beta_2=0.98, eps=1e-9, Section 5.3) + the project's label-smoothed loss."""
+    import keras
+
+    from keras_transformer import LabelSmoothedCrossEntropy, TransformerSchedule
+
+    optimizer = keras.optimizers.Adam(
+        TransformerSchedule(config.d_model, warmup_steps=4000),
+        beta_1=0.9,
+        beta_2=0.98,
+        epsilon=1e-9,
+    )
+    model.compile(
+        optimizer=optimizer,
+        loss=LabelSmoothedCrossEntropy(label_smoothing=0.1, pad_id=config.pad_id),
+        jit_compile=jit_compile,
+    )
+    return model
+
+
+def count_params(model):
+    return int(sum(math.prod(w.shape) for w in model.trainable_weights))
+
+
+# --------------------------------------------------------------------------- matmul peak
+
+
+def matmul_seconds(size=2048, dtype="float32", repeats=3):
+    """Median seconds of one (size x size) @ (size x size) matmul in the current backend."""
+    import keras
+    from keras import ops
+
+    a = keras.random.normal((size, size), dtype=dtype, seed=1)
+    b = keras.random.normal((size, size), dtype=dtype, seed=2)
+    matmul = ops.matmul
+    if keras.backend.backend() == "jax":
+        import jax
+
+        matmul = jax.jit(ops.matmul)
+    elif keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        matmul = tf.function(ops.matmul)
+    ops.convert_to_numpy(matmul(a, b)[0, 0])  # warm-up / compile
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        ops.convert_to_numpy(matmul(a, b)[0, 0])
+        times.append(time.perf_counter() - start)
+    return median(times)
