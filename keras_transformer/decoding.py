@@ -70,7 +70,9 @@ def _take(tensor, indices):
 
 def _check_limits(max_length, max_lengths, start_ids):
     if isinstance(max_length, int) and max_length <= 0:
-        raise ValueError(f"max_length must be a positive integer. Received: max_length={max_length}")
+        raise ValueError(
+            f"max_length must be a positive integer. Received: max_length={max_length}"
+        )
     if max_lengths is None:
         return ops.zeros_like(ops.cast(start_ids, "int32")) + max_length
     return ops.minimum(ops.cast(max_lengths, "int32"), max_length)
@@ -189,9 +191,7 @@ def beam_search(
     def body(step, alive_seqs, alive_log_probs, last_ids, finished_seqs, finished_scores,
              finished_flags, cache):  # fmt: skip
         logits, cache = tokens_to_logits(last_ids, cache)  # (B*K, V)
-        vocab_size = logits.shape[-1]
-        if vocab_size < 2 * k:
-            raise ValueError(f"beam_size={k} needs a vocabulary of at least {2 * k} tokens")
+        vocab_size = logits.shape[-1]  # static; K*V >= 2K candidates for any V >= 2
         log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)  # (B*K, V)
         log_probs = ops.reshape(log_probs, (-1, k, vocab_size))  # (B, K, V)
         candidates = alive_log_probs[:, :, None] + log_probs  # (B, K, V)
@@ -334,7 +334,7 @@ def compile_translate_ids(model, beam_size=4, alpha=0.6, max_extra_length=50, ji
 
         @jax.jit
         def stateless(values, source_ids):
-            with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+            with keras.StatelessScope(state_mapping=list(zip(variables, values, strict=True))):
                 return run(source_ids)
 
         return lambda source_ids: stateless([v.value for v in variables], source_ids)
@@ -347,3 +347,48 @@ def compile_translate_ids(model, beam_size=4, alpha=0.6, max_extra_length=50, ji
 
         return no_grad
     return run
+
+
+def uncached_greedy_search(model, source_ids, max_extra_length=50, eos_id=None, decode_fn=None):
+    """Reference greedy search without a cache: the TensorFlow tutorial's approach.
+
+    Every step re-runs the whole decoder on the prefix decoded so far (the
+    encoder runs once). Quadratic in the output length; kept to test the
+    cached search against and to benchmark it.
+
+    Args:
+        model: a `Transformer`.
+        source_ids: `(B, S)` int ids.
+        max_extra_length: int, as in `translate_ids`.
+        eos_id: int; defaults to `model.config.eos_id`. Pass -1 to never stop early.
+        decode_fn: `(target_ids, encoder_outputs, source_ids) -> (B, T, V)`;
+            defaults to `model.decode`, e.g. a compiled version of it.
+
+    Returns:
+        `(B, T)` int32 ids laid out as `translate_ids` returns them.
+    """
+    config = model.config
+    eos_id = config.eos_id if eos_id is None else eos_id
+    decode_fn = decode_fn or model.decode
+    source_ids = ops.cast(source_ids, "int32")
+    buffer_length, max_lengths = output_limits(
+        source_ids, max_extra_length, config.max_length, config.pad_id
+    )
+    encoder_outputs = model.encode(source_ids, training=False)
+    prefix = ops.zeros_like(source_ids[:, :1]) + config.bos_id  # (B, 1)
+    finished = ops.zeros_like(source_ids[:, 0], dtype="bool")  # (B,)
+    for step in range(int(buffer_length)):
+        logits = decode_fn(prefix, encoder_outputs, source_ids)[:, -1, :]  # (B, V)
+        next_ids = ops.where(
+            finished, config.pad_id, ops.cast(ops.argmax(logits, axis=-1), "int32")
+        )
+        prefix = ops.concatenate([prefix, next_ids[:, None]], axis=1)  # (B, step + 2)
+        ended = ops.logical_or(ops.equal(next_ids, eos_id), step + 1 >= max_lengths)
+        finished = ops.logical_or(finished, ended)
+        if bool(ops.convert_to_numpy(ops.all(finished))):
+            break
+    tokens = prefix[:, 1:]
+    padding = ops.zeros_like(source_ids[:, :1]) + ops.zeros(
+        (1, int(buffer_length) - tokens.shape[1]), "int32"
+    )
+    return ops.concatenate([tokens, padding + config.pad_id], axis=1)
