@@ -1,0 +1,181 @@
+"""Strings in, strings out: tokenize, batch by length, search, detokenize."""
+
+import logging
+
+import keras
+import numpy as np
+
+from keras_transformer.decoding import compile_translate_ids
+
+logger = logging.getLogger(__name__)
+
+
+def _as_lists(token_ids):
+    """A tokenizer's output (ragged tensor, array or nested list) -> list of lists of int."""
+    if hasattr(token_ids, "to_list"):  # tf.RaggedTensor
+        token_ids = token_ids.to_list()
+    elif hasattr(token_ids, "numpy"):
+        token_ids = token_ids.numpy().tolist()
+    elif isinstance(token_ids, np.ndarray):
+        token_ids = token_ids.tolist()
+    return [[int(t) for t in ids] for ids in token_ids]
+
+
+def _as_text(value):
+    if hasattr(value, "numpy"):
+        value = value.numpy()
+    if isinstance(value, np.ndarray):
+        value = value.item()
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+class Translator:
+    """Translates sentences with a `Transformer` and its SentencePiece tokenizer.
+
+    Source ids are the tokenizer's pieces followed by EOS (no BOS); the
+    search starts from `config.bos_id` and stops at `config.eos_id`
+    (`decoding.translate_ids`, compiled once per backend). Sentences are
+    sorted by length and decoded `batch_size` at a time, each batch padded
+    to a multiple of 8 tokens (so JAX compiles for a few shapes only), then
+    returned in input order.
+
+    Bad input: an empty (or all-whitespace) string translates to `""`
+    without running the model; a sentence longer than the model's positional
+    range is cut to `config.max_length - 1` pieces plus EOS, with a warning;
+    a non-string raises `TypeError` naming its type.
+
+    Args:
+        model: a `Transformer`.
+        tokenizer: a `keras_hub.tokenizers.SentencePieceTokenizer` (or any
+            tokenizer with `tokenize(list of str)` and `detokenize(ids)`).
+        beam_size: int. 1 runs greedy search; the paper uses 4.
+        alpha: float. Length-penalty exponent; the paper uses 0.6.
+        batch_size: int. Sentences decoded together (times `beam_size`
+            hypotheses).
+        max_extra_length: int. An output has at most its source length plus
+            this many tokens (the paper: 50), and at most `config.max_length`.
+        jit_compile: bool. XLA for the TensorFlow `tf.function`.
+
+    Example:
+
+    >>> translator = Translator(model, tokenizer, beam_size=4, alpha=0.6)
+    >>> translator(["Guten Morgen.", "Danke!"])
+    ['Good morning.', 'Thanks!']
+    """
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        beam_size=4,
+        alpha=0.6,
+        batch_size=32,
+        max_extra_length=50,
+        jit_compile=False,
+    ):
+        for name, value in (("beam_size", beam_size), ("batch_size", batch_size)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer. Received: {name}={value!r}")
+        if alpha < 0:
+            raise ValueError(f"alpha must be >= 0. Received: alpha={alpha}")
+        if max_extra_length < 0:
+            raise ValueError(
+                f"max_extra_length must be >= 0. Received: max_extra_length={max_extra_length}"
+            )
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = model.config
+        self.beam_size = beam_size
+        self.alpha = alpha
+        self.batch_size = batch_size
+        self.max_extra_length = max_extra_length
+        if not model.built:
+            model.build()
+        self._translate_ids = compile_translate_ids(
+            model, beam_size, alpha, max_extra_length, jit_compile=jit_compile
+        )
+
+    def __call__(self, sentences, progress=False):
+        """A string -> its translation; a list of strings -> a list of translations."""
+        if isinstance(sentences, str):
+            return self.translate([sentences], progress=progress)[0]
+        return self.translate(sentences, progress=progress)
+
+    def encode(self, sentences):
+        """Strings -> lists of source ids ending with EOS ([] for an empty string)."""
+        for i, sentence in enumerate(sentences):
+            if not isinstance(sentence, str):
+                raise TypeError(
+                    f"Translator expects strings; sentence {i} is a {type(sentence).__name__}: "
+                    f"{sentence!r:.80}"
+                )
+        config = self.config
+        token_ids = _as_lists(self.tokenizer.tokenize(list(sentences))) if sentences else []
+        source_ids = []
+        for sentence, ids in zip(sentences, token_ids, strict=True):
+            if not sentence.strip():
+                source_ids.append([])
+                continue
+            if len(ids) + 1 > config.max_length:
+                logger.warning(
+                    "A sentence of %d pieces exceeds the model's max_length=%d; translating "
+                    "its first %d pieces: %.60s...",
+                    len(ids), config.max_length, config.max_length - 1, sentence,
+                )  # fmt: skip
+                ids = ids[: config.max_length - 1]
+            source_ids.append(ids + [config.eos_id])
+        return source_ids
+
+    def decode(self, output_ids):
+        """Output ids -> strings: cut at the first EOS; padding and BOS removed."""
+        config = self.config
+        pieces = []
+        for ids in output_ids:
+            ids = [int(t) for t in ids]
+            if config.eos_id in ids:
+                ids = ids[: ids.index(config.eos_id)]
+            pieces.append([t for t in ids if t not in (config.pad_id, config.bos_id)])
+        if not pieces:
+            return []
+        texts = self.tokenizer.detokenize(pieces)
+        return [_as_text(text) for text in texts]
+
+    def translate_ids(self, source_ids, progress=False):
+        """Lists of source ids -> lists of output ids, batched by length."""
+        order = sorted(
+            (i for i, ids in enumerate(source_ids) if ids), key=lambda i: -len(source_ids[i])
+        )
+        outputs = [[] for _ in source_ids]
+        bar = _progress_bar(len(order)) if progress else None
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start : start + self.batch_size]
+            width = -(-len(source_ids[batch[0]]) // 8) * 8  # the longest, rounded up to 8
+            padded = np.full((len(batch), width), self.config.pad_id, dtype="int32")
+            for row, i in enumerate(batch):
+                padded[row, : len(source_ids[i])] = source_ids[i]
+            ids = keras.ops.convert_to_numpy(self._translate_ids(padded))
+            for row, i in enumerate(batch):
+                outputs[i] = ids[row].tolist()
+            if bar is not None:
+                bar.update(len(batch))
+        if bar is not None:
+            bar.close()
+        return outputs
+
+    def translate(self, sentences, progress=False):
+        """A list of strings -> a list of translations, in the same order.
+
+        Args:
+            sentences: list of str.
+            progress: bool. Show a progress bar (tqdm, on stderr).
+        """
+        if isinstance(sentences, str):
+            raise TypeError("translate() expects a list of strings; use translator(text) for one")
+        sentences = list(sentences)
+        return self.decode(self.translate_ids(self.encode(sentences), progress=progress))
+
+
+def _progress_bar(total):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="sentence", desc="translate", leave=False)

@@ -1,0 +1,106 @@
+"""Translator: strings in, strings out; batching, order, bad input, the translate command."""
+
+import json
+import logging
+
+import keras
+import keras_hub
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer import Transformer
+from keras_transformer.decoding import translate_ids
+from keras_transformer.translator import Translator
+
+CORPUS = [
+    "the cat sat on the mat",
+    "a dog runs in the park",
+    "die katze sitzt auf der matte",
+    "ein hund rennt im park",
+    "good morning and thank you",
+    "guten morgen und danke",
+] * 20
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("vocab") / "vocab.model")
+    keras_hub.tokenizers.compute_sentence_piece_proto(
+        tf.data.Dataset.from_tensor_slices(CORPUS),
+        vocabulary_size=60,
+        model_type="bpe",
+        proto_output_file=path,
+    )
+    tokenizer = keras_hub.tokenizers.SentencePieceTokenizer(proto=path, dtype="int32")
+    assert [tokenizer.token_to_id(t) for t in ("<pad>", "<unk>", "<s>", "</s>")] == [0, 1, 2, 3]
+    tokenizer.proto_path = path
+    return tokenizer
+
+
+def tiny_model(max_length=24):
+    model = Transformer.from_preset(
+        "tiny", vocab_size=60, dropout=0.0, d_model=32, d_ff=64, max_length=max_length
+    )
+    model.build()
+    return model
+
+
+@pytest.mark.multibackend
+def test_batched_translation_equals_one_by_one(tokenizer):
+    model = tiny_model()
+    sentences = ["the cat sat", "ein hund rennt im park und die katze", "", "good morning", "danke"]
+    translator = Translator(model, tokenizer, beam_size=2, batch_size=2, max_extra_length=4)
+    batched = translator(sentences)
+    assert len(batched) == len(sentences) and batched[2] == ""
+    for sentence, translation in zip(sentences, batched, strict=True):
+        assert translator(sentence) == translation
+    # Strings are the detokenized ids of translate_ids on the same source ids.
+    source = translator.encode(["good morning"])[0]
+    ids = keras.ops.convert_to_numpy(translate_ids(model, np.array([source]), 2, 0.6, 4))
+    assert translator.decode(ids) == [translator("good morning")]
+
+
+def test_source_ids_end_with_eos_and_output_stops_at_eos(tokenizer):
+    translator = Translator(tiny_model(), tokenizer, beam_size=1)
+    source = translator.encode(["the cat sat on the mat"])[0]
+    assert source[-1] == 3 and 2 not in source and 0 not in source
+    assert translator.decode([[10, 11, 3, 12, 0, 0]]) == translator.decode([[10, 11]])
+
+
+def test_bad_input(tokenizer, caplog):
+    translator = Translator(tiny_model(max_length=8), tokenizer, beam_size=2, max_extra_length=3)
+    assert translator("") == ""
+    assert translator(["", "   "]) == ["", ""]
+    assert translator([]) == []
+    with pytest.raises(TypeError, match="int"):
+        translator(["the cat", 42])
+    with pytest.raises(TypeError, match="NoneType"):
+        translator([None])
+    long_sentence = " ".join(["the cat sat on the mat"] * 5)
+    with caplog.at_level(logging.WARNING, logger="keras_transformer.translator"):
+        source = translator.encode([long_sentence])[0]
+        translation = translator(long_sentence)
+    assert "max_length=8" in caplog.text
+    assert len(source) == 8 and source[-1] == 3
+    assert isinstance(translation, str)
+    with pytest.raises(ValueError, match="beam_size"):
+        Translator(tiny_model(), tokenizer, beam_size=0)
+
+
+def test_translate_command(tokenizer, tmp_path, capsys, monkeypatch):
+    from keras_transformer import translate
+
+    model = tiny_model()
+    model.save(tmp_path / "model.keras")
+    (tmp_path / "vocab.model").write_bytes(open(tokenizer.proto_path, "rb").read())
+    (tmp_path / "run.json").write_text(json.dumps({"preset": "tiny"}))
+    sentences = ["the cat sat", "", "guten morgen"]
+    (tmp_path / "input.txt").write_text("\n".join(sentences) + "\n")
+    args = ["--work-dir", str(tmp_path), "--beam-size", "2", "--max-extra-length", "4"]
+    assert translate.main(args + ["--input", str(tmp_path / "input.txt")]) == 0
+    lines = capsys.readouterr().out.split("\n")
+    expected = Translator(model, tokenizer, beam_size=2, max_extra_length=4)(sentences)
+    assert lines == expected + [""]
+    with pytest.raises(FileNotFoundError, match="no-such-dir"):
+        translate.main(["--work-dir", str(tmp_path / "no-such-dir")])
