@@ -1,0 +1,16 @@
+"""Corpora, the shared vocabulary and the tf.data input pipeline."""
+
+from keras_transformer.data.pipeline import batch_statistics, bucket_sizes, make_dataset
+from keras_transformer.data.sources import TranslationData, load_translation_data
+from keras_transformer.data.vocabulary import get_tokenizer, load_tokenizer, train_vocabulary
+
+__all__ = [
+    "TranslationData",
+    "batch_statistics",
+    "bucket_sizes",
+    "get_tokenizer",
+    "load_tokenizer",
+    "load_translation_data",
+    "make_dataset",
+    "train_vocabulary",
+]

@@ -1,0 +1,215 @@
+"""Parser and leakage-free splits of the Ding German-English dictionary.
+
+The Ding dictionary (https://dict.tu-chemnitz.de/, GPL-2+, Debian package
+`trans-de-en`) has one entry per line:
+
+    Abfahrt {f} /Abf./ | Abfahrten {pl} | zur Abfahrt bereitstehen :: departure /dep./ | departures | to be ready to depart
+
+`::` separates German from English; `|` separates sub-entries that align one
+to one (a headword, its plural, idioms, example sentences); `;` separates
+synonyms. `{f}`, `[ugs.]`, `(...)`, `<...>` and `/ABBR/` are annotations.
+The text is parsed at run time and never stored in this repository.
+"""
+
+import collections
+import dataclasses
+import hashlib
+import logging
+import re
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CORPUS_PATH = "/usr/share/trans/de-en"
+INSTALL_HINT = (
+    "Install it with `sudo apt-get install trans-de-en` (Debian/Ubuntu; `make corpus` does it), "
+    "or train on your own parallel text with `--data-dir DIR` (train.de/train.en, "
+    "validation.*, test.*)."
+)
+
+# Annotations are removed innermost first so that nested brackets go too.
+_ANNOTATION = re.compile(r"\{[^{}]*\}|\[[^\[\]]*\]|\([^()]*\)|<[^<>]*>")
+# Abbreviations such as `/Abf./` stand alone between spaces; `Abfahrt/Abflug` is kept.
+_ABBREVIATION = re.compile(r"(?:(?<=\s)|^)/[^/\s][^/]*/(?=\s|$)")
+_PLACEHOLDERS = [
+    (re.compile(r"\bsb\.['’]s(?!\w)"), "somebody's"),
+    (re.compile(r"\bsth\.(?!\w)"), "something"),
+    (re.compile(r"\bsb\.(?!\w)"), "somebody"),
+    (re.compile(r"\betw\.(?!\w)"), "etwas"),
+    (re.compile(r"\bjdm\.(?!\w)"), "jemandem"),
+    (re.compile(r"\bjdn\.(?!\w)"), "jemanden"),
+    (re.compile(r"\bjds\.(?!\w)"), "jemandes"),
+    (re.compile(r"\bjd\.(?!\w)"), "jemand"),
+]
+_SPACE = re.compile(r"\s+")
+_SPACE_BEFORE_PUNCT = re.compile(r"\s+([,.!?;:])")
+
+
+def strip_annotations(text):
+    """Removes `{...}`, `[...]`, `(...)`, `<...>` and `/ABBR/` from `text`."""
+    previous = None
+    while previous != text:
+        previous, text = text, _ANNOTATION.sub(" ", text)
+    return _ABBREVIATION.sub(" ", text)
+
+
+def clean_phrase(text):
+    """Expands placeholders (`etw.` -> `etwas`, `sb.` -> `somebody`) and normalizes spaces."""
+    for pattern, replacement in _PLACEHOLDERS:
+        text = pattern.sub(replacement, text)
+    text = _SPACE.sub(" ", text).strip()
+    return _SPACE_BEFORE_PUNCT.sub(r"\1", text).strip(" ,")
+
+
+def is_sentence(german, english):
+    """A full sentence: capitalized, at least three words, ends with `.`, `!` or `?`."""
+    return all(
+        len(text.split()) >= 3 and text[0].isupper() and text[-1] in ".!?"
+        for text in (german, english)
+    )
+
+
+@dataclasses.dataclass
+class Entry:
+    """One dictionary line: its headword and its aligned `(german, english)` pairs."""
+
+    headword: str
+    pairs: list
+
+
+def parse_line(line, synonyms="first"):
+    """Parses one dictionary line into an `Entry`, or returns None.
+
+    Args:
+        line: str, `german | german2 :: english | english2`.
+        synonyms: `"first"` keeps the first synonym of each sub-entry on both
+            sides; `"product"` pairs every German synonym with every English one.
+
+    Returns:
+        `Entry`, or None for comments, lines without `::` and lines whose
+        sides have different numbers of `|` sub-entries.
+    """
+    if synonyms not in ("first", "product"):
+        raise ValueError(f"synonyms must be 'first' or 'product'. Received: synonyms={synonyms!r}")
+    line = line.strip()
+    if not line or line.startswith("#") or line.count(" :: ") != 1:
+        return None
+    german, english = (strip_annotations(side) for side in line.split(" :: "))
+    german_parts, english_parts = german.split("|"), english.split("|")
+    if len(german_parts) != len(english_parts):
+        return None
+    pairs, headword = [], None
+    for german_part, english_part in zip(german_parts, english_parts):
+        german_synonyms = [s for s in (clean_phrase(t) for t in german_part.split(";")) if s]
+        english_synonyms = [s for s in (clean_phrase(t) for t in english_part.split(";")) if s]
+        if not german_synonyms or not english_synonyms:
+            continue
+        if headword is None:
+            headword = german_synonyms[0].lower()
+        if synonyms == "first":
+            pairs.append((german_synonyms[0], english_synonyms[0]))
+        else:
+            pairs.extend((g, e) for g in german_synonyms for e in english_synonyms)
+    if not pairs:
+        return None
+    return Entry(headword, pairs)
+
+
+def read_entries(path=DEFAULT_CORPUS_PATH, synonyms="first"):
+    """Parses the dictionary file at `path` into a list of `Entry`."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.readlines()
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"The Ding German-English dictionary was not found at {path}. {INSTALL_HINT}"
+        ) from None
+    entries = [entry for entry in (parse_line(line, synonyms) for line in lines) if entry]
+    if not entries:
+        raise ValueError(
+            f"No `german :: english` entries could be parsed from {path}; is it the Ding dictionary?"
+        )
+    return entries
+
+
+def _unit_hash(text):
+    """A deterministic number in [0, 1) for `text` (Python's hash() is salted)."""
+    return int(hashlib.sha1(text.encode("utf-8")).hexdigest()[:12], 16) / 16.0**12
+
+
+def split_entries(
+    entries,
+    validation_fraction=0.01,
+    test_fraction=0.01,
+    sentence_headword_fraction=0.06,
+):
+    """Splits entries into train/validation/test pairs without leakage.
+
+    Every sub-entry of a line and every line (sense) of a headword land in the
+    same split, chosen by a hash of the headword. Headwords with an example
+    sentence are held out `sentence_headword_fraction / (validation + test)`
+    times more often, so that validation and test hold enough full sentences
+    for BLEU to mean something. Exact duplicate pairs are dropped, and so are
+    validation pairs whose German or English side occurs in train, and test
+    pairs whose German or English side occurs in train or validation.
+
+    Returns:
+        `(splits, stats)`: `splits` maps "train", "validation", "test" to
+        lists of `(german, english)`; `stats` counts pairs, sentences and drops.
+    """
+    held_out = validation_fraction + test_fraction
+    if not 0.0 < held_out < 1.0 or not 0.0 < sentence_headword_fraction < 1.0:
+        raise ValueError(
+            "Split fractions must be in (0, 1). Received: "
+            f"validation_fraction={validation_fraction}, test_fraction={test_fraction}, "
+            f"sentence_headword_fraction={sentence_headword_fraction}"
+        )
+    has_sentence = collections.defaultdict(bool)
+    for entry in entries:
+        has_sentence[entry.headword] |= any(is_sentence(g, e) for g, e in entry.pairs)
+
+    grouped = {"train": [], "validation": [], "test": []}
+    for entry in entries:
+        u = _unit_hash(entry.headword)
+        # Scale the hash so that [0, held_out) covers the sentence-bearing fraction.
+        if has_sentence[entry.headword]:
+            u = u * held_out / sentence_headword_fraction
+        if u < validation_fraction:
+            split = "validation"
+        elif u < held_out:
+            split = "test"
+        else:
+            split = "train"
+        grouped[split].extend(entry.pairs)
+
+    stats = {}
+    seen_pairs, seen_german, seen_english = set(), set(), set()
+    splits = {}
+    for split in ("train", "validation", "test"):
+        kept, duplicates, leaked = [], 0, 0
+        for pair in grouped[split]:
+            if pair in seen_pairs:
+                duplicates += 1
+                continue
+            seen_pairs.add(pair)
+            if split != "train" and (pair[0] in seen_german or pair[1] in seen_english):
+                leaked += 1
+                continue
+            kept.append(pair)
+        # Sides of this split become unavailable to the splits after it.
+        seen_german.update(g for g, _ in kept)
+        seen_english.update(e for _, e in kept)
+        splits[split] = kept
+        stats[split] = {
+            "pairs": len(kept),
+            "sentences": sum(is_sentence(g, e) for g, e in kept),
+            "dropped_duplicates": duplicates,
+            "dropped_overlapping": leaked,
+        }
+    return splits, stats
+
+
+def load_ding_splits(path=DEFAULT_CORPUS_PATH, synonyms="first", **split_kwargs):
+    """Reads, parses and splits the dictionary: `(splits, stats)`; see `split_entries`."""
+    splits, stats = split_entries(read_entries(path, synonyms), **split_kwargs)
+    logger.info("Ding splits from %s: %s", path, stats)
+    return splits, stats
