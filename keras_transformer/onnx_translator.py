@@ -29,7 +29,7 @@ def length_penalty(length, alpha):
 
 
 def _top_k(values, k):
-    """`(values, indices)` of the k largest per row, lower index first on ties (as tf.math.top_k)."""
+    """`(values, indices)`: the k largest per row, lower index first on ties (as `top_k`)."""
     indices = np.argsort(-values, axis=1, kind="stable")[:, :k]
     return np.take_along_axis(values, indices, axis=1), indices.astype(np.int32)
 
@@ -110,7 +110,8 @@ def beam_search(
         flags = np.concatenate([finished_flags, ends], axis=1)
         finished_scores, pick = _top_k(scores, k)
         finished_flags = np.take_along_axis(flags, pick, axis=1)
-        rows = np.where(pick < k, pick + beam_offsets, batch_size * k + (pick - k) + 2 * beam_offsets)
+        new_rows = batch_size * k + (pick - k) + 2 * beam_offsets  # rows of top_seqs below
+        rows = np.where(pick < k, pick + beam_offsets, new_rows)
         finished_seqs = np.concatenate([finished_seqs, top_seqs], axis=0)[rows.reshape(-1)]
     return finished_seqs.reshape(batch_size, k, max_length)[:, 0]
 
@@ -217,7 +218,9 @@ class OnnxTranslator:
         alpha = self.alpha if alpha is None else alpha
         source_ids = np.asarray(source_ids, np.int32)
         if source_ids.ndim != 2:
-            raise ValueError(f"source_ids must be (batch, length). Received: shape={source_ids.shape}")
+            raise ValueError(
+                f"source_ids must be (batch, length). Received: shape={source_ids.shape}"
+            )
         batch_size, source_length = source_ids.shape
         lengths = (source_ids != cfg["pad_id"]).sum(axis=1)
         max_lengths = np.minimum(np.maximum(lengths + self.max_extra_length, 1), cfg["max_length"])

@@ -8,6 +8,7 @@ beam outputs differ from sentence to sentence and end with EOS), and one
 shares one export.
 """
 
+import dataclasses
 import json
 import os
 import random
@@ -71,7 +72,7 @@ def _fit_copy_task(model, processor, steps):
     )
 
 
-def make_work_dir(path, steps=160):
+def make_work_dir(path, steps=96):
     """Writes vocab.model, model.keras and run.json of a tiny trained model to `path`."""
     import sentencepiece as spm
 
@@ -85,10 +86,10 @@ def make_work_dir(path, steps=160):
     )
     _fit_copy_task(model, processor, steps)
     model.save(os.path.join(path, "model.keras"))
-    run_info = {
-        "model": model.get_config(),
+    run_info = {  # the keys `training.run()` writes that the exporters read
+        "config": dataclasses.asdict(model.config),
         "data": {"direction": "de-en"},
-        "final_metrics": {"note": "copy task, test fixture"},
+        "metrics": {"beam_size": 4, "alpha": 0.6, "note": "copy task, test fixture"},
     }
     with open(os.path.join(path, "run.json"), "w") as f:
         json.dump(run_info, f, indent=2)
@@ -111,3 +112,40 @@ def held_out_sentences(count, seed=7):
     """Held-out sentences: some longer than the training ones, some with unseen words."""
     sentences = synthetic_sentences(count, seed=seed, max_words=10)
     return [s if i % 10 else s + " zebra!" for i, s in enumerate(sentences)]
+
+
+def loaded_work_dir(work_dir):
+    """`(model, tokenizer, run_info)` of `work_dir`, loaded once."""
+    key = ("loaded", work_dir)
+    if key not in _CACHE:
+        from keras_transformer.training import load_trained
+
+        _CACHE[key] = load_trained(work_dir)
+    return _CACHE[key]
+
+
+def keras_translations(work_dir, sentences, beam_size):
+    """The Keras model's translations (the project's `Translator`), cached per beam size."""
+    key = ("translations", work_dir, beam_size, tuple(sentences))
+    if key not in _CACHE:
+        model, tokenizer, _ = loaded_work_dir(work_dir)
+        try:
+            from keras_transformer.translator import Translator
+        except ImportError:  # translator.py not merged yet: the training helper's path
+            from keras_transformer.training import make_translate_fn
+
+            translate = make_translate_fn(model, tokenizer, beam_size=beam_size, alpha=0.6)
+        else:
+            translate = Translator(model, tokenizer, beam_size=beam_size, alpha=0.6).translate
+        _CACHE[key] = list(translate(list(sentences)))
+    return _CACHE[key]
+
+
+def loaded_saved_model(path):
+    """`tf.saved_model.load(path)`, loaded once per session."""
+    key = ("saved_model", path)
+    if key not in _CACHE:
+        import tensorflow as tf
+
+        _CACHE[key] = tf.saved_model.load(path)
+    return _CACHE[key]

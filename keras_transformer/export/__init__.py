@@ -6,7 +6,8 @@
 writes, in TF Serving's layout, with one new integer version per call:
 
     saved_models/transformer/<version>/        SavedModel, text in / text out
-    saved_models/transformer/onnx/<version>/   encoder.onnx, decoder_step.onnx, vocab.model, config.json
+    saved_models/transformer/onnx/<version>/   encoder.onnx, decoder_step.onnx,
+                                               vocab.model, config.json
 
 TensorFlow is imported by the exporters (the model must be loaded under
 `KERAS_BACKEND=tensorflow`); tf2onnx only by the ONNX exporter.
@@ -30,20 +31,9 @@ FORMATS = ("saved_model", "onnx")
 
 def load_work_dir(work_dir):
     """`(model, tokenizer, run_info)` of a trained work directory, with clear errors."""
-    run_info = check_work_dir(work_dir)
-    try:
-        from keras_transformer.training import load_trained
-    except ImportError:  # TEMP until training.py lands
-        import keras
-        import keras_hub
+    check_work_dir(work_dir)
+    from keras_transformer.training import load_trained
 
-        import keras_transformer  # noqa: F401  registers the layers
-
-        model = keras.saving.load_model(os.path.join(work_dir, "model.keras"), compile=False)
-        tokenizer = keras_hub.tokenizers.SentencePieceTokenizer(
-            proto=os.path.join(work_dir, "vocab.model")
-        )
-        return model, tokenizer, run_info
     return load_trained(work_dir)
 
 
@@ -126,4 +116,17 @@ def export_all(
     return paths
 
 
-__all__ = ["DEFAULT_SEARCH", "export_all", "load_work_dir"]
+def default_name(run_info):
+    """`transformer_de_en` for a German-to-English run (TF Serving's model name)."""
+    direction = (run_info.get("data") or {}).get("direction")
+    return "transformer_" + direction.replace("-", "_") if direction else "transformer"
+
+
+def export_after_training(work_dir, run_info, output_dir="saved_models"):
+    """What `training.run()` calls at the end: `export_all` with the run's name and search."""
+    metrics = run_info.get("metrics") or {}
+    search = {k: metrics[k] for k in ("beam_size", "alpha") if metrics.get(k) is not None}
+    return export_all(work_dir, output_dir=output_dir, name=default_name(run_info), search=search)
+
+
+__all__ = ["DEFAULT_SEARCH", "default_name", "export_after_training", "export_all", "load_work_dir"]

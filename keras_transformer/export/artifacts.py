@@ -46,7 +46,14 @@ def check_work_dir(work_dir):
         except json.JSONDecodeError as error:
             raise ValueError(f"{work_dir}/run.json is not valid JSON: {error}") from None
     if not isinstance(run_info, dict):
-        raise ValueError(f"{work_dir}/run.json must hold a JSON object. Received: {run_info!r}")
+        raise ValueError(
+            f"{work_dir}/run.json must hold a JSON object. Received: {run_info!r:.200}"
+        )
+    if not run_info.get("metrics"):
+        raise ValueError(
+            f"{work_dir}/run.json has no final metrics: the training run did not finish. "
+            f"Finish it (`python train.py --work-dir {work_dir}` resumes) before exporting."
+        )
     return run_info
 
 

@@ -65,10 +65,7 @@ def predict(signature, payload):
     tensors = {}
     for name, spec in input_specs.items():
         value = _decode_value(inputs[name])
-        if spec.dtype == tf.string:
-            tensors[name] = tf.constant(value, dtype=tf.string, shape=[len(value)] if value == [] else None)
-        else:
-            tensors[name] = tf.constant(value, dtype=spec.dtype)
+        tensors[name] = tf.constant(value, dtype=spec.dtype)
     outputs = {k: _encode_value(v.numpy().tolist()) for k, v in signature(**tensors).items()}
     if row_format:
         if len(output_names) == 1:

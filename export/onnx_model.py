@@ -1,0 +1,19 @@
+"""Exports a trained work directory as ONNX graphs for ONNX Runtime.
+
+    python export/onnx_model.py --work-dir work --output-dir saved_models
+    # -> saved_models/transformer_de_en/onnx/<version>/{encoder,decoder_step}.onnx, vocab.model
+
+Named onnx_model.py, not onnx.py: `python export/onnx.py` would put export/
+first on sys.path and shadow the `onnx` package. Load the result with
+`keras_transformer.onnx_translator.OnnxTranslator`.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from keras_transformer.export.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    main(("onnx",), __doc__.splitlines()[0])

@@ -1,0 +1,47 @@
+"""Command line of `export/saved_model.py` and `export/onnx_model.py`."""
+
+import argparse
+import logging
+import os
+
+
+def parse_args(description, argv=None):
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--work-dir", default="work", help="finished training run (default: work)")
+    parser.add_argument("--output-dir", default="saved_models", help="export root (saved_models)")
+    parser.add_argument(
+        "--name", default=None, help="model name (default: transformer_<src>_<tgt> from run.json)"
+    )
+    parser.add_argument("--version", type=int, default=None, help="default: newest + 1")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing version")
+    parser.add_argument("--beam-size", type=int, default=None, help="default: run.json's, else 4")
+    parser.add_argument("--alpha", type=float, default=None, help="default: run.json's, else 0.6")
+    return parser.parse_args(argv)
+
+
+def main(formats, description, argv=None):
+    """Parses flags and runs `export_all(formats=formats)`; returns the paths written."""
+    args = parse_args(description, argv)
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from keras_transformer.export import default_name, export_all
+    from keras_transformer.export.artifacts import check_work_dir
+
+    run_info = check_work_dir(args.work_dir)
+    metrics = run_info.get("metrics") or {}
+    search = {
+        "beam_size": args.beam_size or metrics.get("beam_size") or 4,
+        "alpha": args.alpha if args.alpha is not None else metrics.get("alpha", 0.6),
+    }
+    paths = export_all(
+        args.work_dir,
+        output_dir=args.output_dir,
+        name=args.name or default_name(run_info),
+        version=args.version,
+        overwrite=args.overwrite,
+        formats=formats,
+        search=search,
+    )
+    for path in paths.values():
+        print(path)
+    return paths
