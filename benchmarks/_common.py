@@ -30,9 +30,49 @@ CANDIDATES = ("keras_transformer", "keras_hub", "keras_mha")
 # --------------------------------------------------------------------------- processes
 
 
-def spawn(script, backend, argv, timeout=900):
+def thread_env(threads):
+    """Environment that limits every framework to `threads` compute threads (0: their default).
+
+    On a small shared machine this matters more than anything else: with 2
+    cores and other processes running, an OpenMP or Eigen pool of 2 threads
+    waits at every barrier for a descheduled thread (torch's Adam step went
+    from 0.03 s to 0.4 s). One thread per process gives stable, comparable
+    numbers; the matmul peak is measured with the same setting.
+    """
+    if not threads:
+        return {}
+    n = str(threads)
+    return {
+        "OMP_NUM_THREADS": n,
+        "MKL_NUM_THREADS": n,
+        "TF_NUM_INTRAOP_THREADS": n,
+        "TF_NUM_INTEROP_THREADS": "1",
+        "XLA_FLAGS": f"--xla_cpu_multi_thread_eigen={'true' if threads > 1 else 'false'} "
+        f"intra_op_parallelism_threads={n}",
+    }
+
+
+def set_threads(threads):
+    """In a worker, after the backend is imported: the same limit through the framework's API."""
+    import keras
+
+    if not threads:
+        return
+    if keras.backend.backend() == "torch":
+        import torch
+
+        torch.set_num_threads(threads)
+        torch.set_num_interop_threads(1)
+    elif keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+
+
+def spawn(script, backend, argv, threads=1, timeout=900):
     """Runs `script --worker argv` under `backend`; returns the JSON it prints last."""
-    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
+    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3", **thread_env(threads))
     env.setdefault("PYTHONPATH", os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     result = subprocess.run(
         [sys.executable, script, "--worker", *argv],

@@ -55,6 +55,9 @@ def parse_args(argv=None):
         help="defaults to the preset's dropout, since keras-hub applies it to attention weights",
     )
     parser.add_argument("--fused-attention", action="store_true", help="use_fused_attention=True")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="compute threads per process (0: framework default)"
+    )
     parser.add_argument("--json", help="also write the raw results here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--jit", action="store_true", help=argparse.SUPPRESS)
@@ -79,6 +82,7 @@ def worker(args):
     import keras
     from keras import ops
 
+    _common.set_threads(args.threads)
     keras.utils.set_random_seed(0)
     keras.config.set_dtype_policy(args.dtype)
     config = config_from(args)
@@ -116,6 +120,7 @@ def worker(args):
         "backend": keras.backend.backend(),
         "jit_compile": args.jit,
         "dtype": args.dtype,
+        "threads": args.threads,
         "tokens_per_step": tokens,
         "flops_per_step": flops,
         "matmul_flops_per_s": {
@@ -174,12 +179,14 @@ def main(argv=None):
         backend, jit = BACKENDS[label]
         worker_args = list(passthrough) + (["--jit"] if jit else [])
         start = time.perf_counter()
-        results[label] = _common.spawn(os.path.abspath(__file__), backend, worker_args)
+        results[label] = _common.spawn(
+            os.path.abspath(__file__), backend, worker_args, threads=args.threads
+        )
         print(f"{label}: done in {time.perf_counter() - start:.0f}s", file=sys.stderr)
     load = ", ".join(f"{value:.2f}" for value in _common.load_average())
     print(
         f"preset={args.preset} batch={args.batch_size}x{args.length} (source and target) "
-        f"dtype={args.dtype} rounds={args.rounds} steps/round={args.steps}; "
+        f"dtype={args.dtype} threads={args.threads} rounds={args.rounds} steps/round={args.steps}; "
         f"load average after: {load}\n"
     )
     print(table(results, names))
