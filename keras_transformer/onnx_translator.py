@@ -116,6 +116,12 @@ def beam_search(
     return finished_seqs.reshape(batch_size, k, max_length)[:, 0]
 
 
+def _is_blank(sentence):
+    if isinstance(sentence, bytes):
+        sentence = sentence.decode("utf-8", errors="replace")
+    return not sentence.strip()
+
+
 class OnnxTranslator:
     """Translates text with `encoder.onnx` and `decoder_step.onnx` on onnxruntime.
 
@@ -254,4 +260,6 @@ class OnnxTranslator:
         sentences = list(sentences)
         if not sentences:
             return []
-        return self.decode(self.translate_ids(self.encode(sentences), beam_size, alpha))
+        translations = self.decode(self.translate_ids(self.encode(sentences), beam_size, alpha))
+        # As `Translator`: a blank sentence translates to "".
+        return ["" if _is_blank(s) else t for s, t in zip(sentences, translations, strict=True)]

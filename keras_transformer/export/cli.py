@@ -27,21 +27,27 @@ def main(formats, description, argv=None):
     from keras_transformer.export import default_name, export_all
     from keras_transformer.export.artifacts import check_work_dir
 
-    run_info = check_work_dir(args.work_dir)
+    try:
+        run_info = check_work_dir(args.work_dir)
+    except (FileNotFoundError, ValueError) as error:
+        raise SystemExit(f"error: {error}") from None
     metrics = run_info.get("metrics") or {}
     search = {
         "beam_size": args.beam_size or metrics.get("beam_size") or 4,
         "alpha": args.alpha if args.alpha is not None else metrics.get("alpha", 0.6),
     }
-    paths = export_all(
-        args.work_dir,
-        output_dir=args.output_dir,
-        name=args.name or default_name(run_info),
-        version=args.version,
-        overwrite=args.overwrite,
-        formats=formats,
-        search=search,
-    )
+    try:
+        paths = export_all(
+            args.work_dir,
+            output_dir=args.output_dir,
+            name=args.name or default_name(run_info),
+            version=args.version,
+            overwrite=args.overwrite,
+            formats=formats,
+            search=search,
+        )
+    except (FileExistsError, ValueError) as error:
+        raise SystemExit(f"error: {error}") from None
     for path in paths.values():
         print(path)
     return paths

@@ -48,6 +48,16 @@ def at_least_one_column(ids, pad_id=0):
     return tf.pad(ids, [[0, 0], [0, missing]], constant_values=pad_id)
 
 
+# The characters for which Python's `str.isspace()` is True.
+_BLANK = r"[\t\n\x0b\x0c\r\x1c-\x1f\x85\p{Z}]*"
+
+
+def is_blank(sentences):
+    """`(B,)` bool: empty or whitespace-only (`not sentence.strip()` in Python)."""
+    valid = tf.strings.unicode_transcode(sentences, "UTF-8", "UTF-8", errors="replace")
+    return tf.strings.regex_full_match(valid, _BLANK)
+
+
 def decode_ids(tokenizer, target_ids, eos_id):
     """`(B, T)` output ids -> `(B,)` strings: everything before the first EOS, detokenized."""
     target_ids = tf.cast(target_ids, tf.int32)
@@ -82,7 +92,9 @@ def export_saved_model(model, tokenizer, export_dir, beam_size=4, alpha=0.6, max
                 tokenizer, sentences, config.max_length, config.eos_id, config.pad_id
             )
             target_ids = translate_ids(model, source_ids, beam, alpha, max_extra_length)
-            return {"translations": decode_ids(tokenizer, target_ids, config.eos_id)}
+            translations = decode_ids(tokenizer, target_ids, config.eos_id)
+            # As `Translator`: a blank sentence translates to "".
+            return {"translations": tf.where(is_blank(sentences), "", translations)}
 
         return translate
 
