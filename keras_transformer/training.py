@@ -111,14 +111,20 @@ def _task():
 def make_translate_fn(model, tokenizer, beam_size=1, alpha=0.6, batch_size=64):
     """`translate(list of str) -> list of str` with the model's key/value cache.
 
-    Uses `keras_transformer.decoding.Translator` when that module provides
-    it, else `decoding.compile_translate_ids` with batching done here.
+    Uses `keras_transformer.translator.Translator` when present, else
+    `decoding.compile_translate_ids` with batching done here.
     """
+    try:
+        from keras_transformer.translator import Translator
+    except ImportError:
+        Translator = None
+    if Translator is not None:
+        translator = Translator(
+            model, tokenizer, beam_size=beam_size, alpha=alpha, batch_size=max(8, batch_size // beam_size)
+        )
+        return translator.translate
     from keras_transformer import decoding
 
-    if hasattr(decoding, "Translator"):
-        translator = decoding.Translator(model, tokenizer, beam_size=beam_size, alpha=alpha)
-        return translator.translate
     translate_ids = decoding.compile_translate_ids(model, beam_size=beam_size, alpha=alpha)
     eos_id, pad_id = model.config.eos_id, model.config.pad_id
     max_source = model.config.max_length - 1

@@ -29,7 +29,7 @@ INSTALL_HINT = (
 # Annotations are removed innermost first so that nested brackets go too.
 _ANNOTATION = re.compile(r"\{[^{}]*\}|\[[^\[\]]*\]|\([^()]*\)|<[^<>]*>")
 # Abbreviations such as `/Abf./` stand alone between spaces; `Abfahrt/Abflug` is kept.
-_ABBREVIATION = re.compile(r"(?:(?<=\s)|^)/[^/\s][^/]*/(?=\s|$)")
+_ABBREVIATION = re.compile(r"(?:(?<=\s)|^)/[^/\s][^/]*/(?=[\s;|]|$)")
 _PLACEHOLDERS = [
     (re.compile(r"\bsb\.['’]s(?!\w)"), "somebody's"),
     (re.compile(r"\bsth\.(?!\w)"), "something"),

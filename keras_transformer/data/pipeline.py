@@ -119,7 +119,10 @@ def make_dataset(
         drop_remainder=training,
     )
     options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    # Multi-worker: training batches are dealt out to the workers; every worker
+    # evaluates the whole validation split, so all run the same number of steps.
+    policy = tf.data.experimental.AutoShardPolicy
+    options.experimental_distribute.auto_shard_policy = policy.DATA if training else policy.OFF
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
 
 

@@ -4,6 +4,7 @@ import logging
 import os
 
 import keras_hub
+import sentencepiece
 import tensorflow as tf
 
 logger = logging.getLogger(__name__)
@@ -45,10 +46,12 @@ def get_tokenizer(path, train_pairs, vocab_size):
     """Loads `path`, training it first if it does not exist; checks its size."""
     if not os.path.exists(path):
         train_vocabulary(train_pairs, path, vocab_size)
-    tokenizer = load_tokenizer(path)
-    if tokenizer.vocabulary_size() != vocab_size:
+    # Checked with the sentencepiece package: a throw-away keras-hub tokenizer
+    # would, when garbage-collected, free the TF resource that others share.
+    pieces = sentencepiece.SentencePieceProcessor(model_file=path).vocab_size()
+    if pieces != vocab_size:
         raise ValueError(
-            f"{path} has {tokenizer.vocabulary_size()} pieces but vocab_size={vocab_size}; "
+            f"{path} has {pieces} pieces but vocab_size={vocab_size}; "
             "delete it or use another --work-dir to train a new vocabulary."
         )
-    return tokenizer
+    return load_tokenizer(path)

@@ -1,0 +1,247 @@
+"""Data: the Ding parser and builder, splits, parallel folders, vocabulary, batches."""
+
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from translation_fixtures import number_pairs, write_parallel_folder
+
+from keras_transformer.data import (
+    bucket_sizes,
+    get_tokenizer,
+    load_tokenizer,
+    load_translation_data,
+    make_dataset,
+)
+from keras_transformer.data import ding
+from keras_transformer.data.ding_builder import DingDeEn
+
+# Ding-format lines covering annotations, `|` alignment, `;` synonyms and placeholders.
+DING_FIXTURE = """\
+# Version :: test fixture
+# License :: written by the test
+Abfahrt {f} /Abf./; Abflug {m} [transp.] | Abfahrten {pl} | Er ist vor der Abfahrt angekommen. :: departure /dep./; take-off | departures | He arrived before the departure.
+jdm. etw. geben {vt} (ugs.) | jds. Buch | jdn. fragen :: to give sb. sth. [coll.] | sb.'s book | to ask sb.
+Aal {m} <Ahl> (auf der Speisekarte) [cook.] :: eel (on a menu)
+kaputt {adj}; (völlig) hinüber [ugs.] :: broken; bust [Am.] [coll.]
+defekte Zeile | ohne Partner :: line with one sub-entry
+keine Trennung hier
+"""
+
+DING_EXPECTED = [
+    ("Abfahrt", "departure"),
+    ("Abfahrten", "departures"),
+    ("Er ist vor der Abfahrt angekommen.", "He arrived before the departure."),
+    ("jemandem etwas geben", "to give somebody something"),
+    ("jemandes Buch", "somebody's book"),
+    ("jemanden fragen", "to ask somebody"),
+    ("Aal", "eel"),
+    ("kaputt", "broken"),
+]
+
+
+def test_parse_line_strips_annotations_aligns_and_expands_placeholders():
+    pairs = []
+    for line in DING_FIXTURE.splitlines():
+        entry = ding.parse_line(line)
+        if entry is not None:
+            pairs.extend(entry.pairs)
+    assert pairs == DING_EXPECTED
+
+
+def test_parse_line_synonym_product():
+    entry = ding.parse_line("kaputt {adj}; hinüber [ugs.] :: broken; bust [Am.]", synonyms="product")
+    assert entry.pairs == [
+        ("kaputt", "broken"), ("kaputt", "bust"), ("hinüber", "broken"), ("hinüber", "bust")
+    ]  # fmt: skip
+    assert entry.headword == "kaputt"
+
+
+def test_builder_turns_fixture_into_expected_pairs(tmp_path):
+    corpus, expected = _write_ding_fixture(tmp_path)
+    builder = DingDeEn(corpus_path=corpus, data_dir=str(tmp_path / "tfds"))
+    builder.download_and_prepare()
+    assert set(builder.info.features.languages) == {"de", "en"}
+    found = []
+    for split in ("train", "validation", "test"):
+        for example in builder.as_dataset(split=split).as_numpy_iterator():
+            found.append((example["de"].decode(), example["en"].decode()))
+    assert sorted(found) == sorted(expected)
+
+
+def _synthetic_dictionary(count=3000):
+    """Entries with shared sub-entries across lines (the leaks a split must avoid)."""
+    lines = []
+    for i in range(count):
+        head = f"Wort{i}"
+        # Every third headword has a second sense (another line, same headword), and
+        # neighbouring lines share a plural, as dictionary entries often do.
+        lines.append(f"{head} {{n}} | Wörter{i // 2} {{pl}} :: word{i} | words{i // 2}")
+        if i % 3 == 0:
+            lines.append(f"{head} {{n}} [fig.] | Das ist Wort {i}. :: term{i} | This is word {i}.")
+    return lines
+
+
+def test_splits_share_no_phrase_and_keep_headwords_together():
+    entries = [ding.parse_line(line) for line in _synthetic_dictionary()]
+    splits, stats = ding.split_entries(
+        entries, validation_fraction=0.05, test_fraction=0.05, sentence_headword_fraction=0.2
+    )
+    assert all(stats[name]["pairs"] > 50 for name in splits), stats
+    assert stats["validation"]["sentences"] > 0 and stats["test"]["sentences"] > 0
+    names = list(splits)
+    for i, first in enumerate(names):
+        for second in names[i + 1 :]:
+            for side in (0, 1):
+                shared = {p[side] for p in splits[first]} & {p[side] for p in splits[second]}
+                assert not shared, (first, second, sorted(shared)[:5])
+    # Both senses of a headword (two lines) are in the same split.
+    where = {}
+    for name, pairs in splits.items():
+        for german, english in pairs:
+            if german.startswith("Wort") and english.startswith(("word", "term")):
+                where.setdefault(german, set()).add(name)
+    assert all(len(found) == 1 for found in where.values())
+    # Duplicates are dropped.
+    for pairs in splits.values():
+        assert len(pairs) == len(set(pairs))
+
+
+def test_missing_ding_corpus_says_how_to_get_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="apt-get install trans-de-en.*--data-dir"):
+        load_translation_data("ding", ding_path=str(tmp_path / "nope"), tfds_data_dir=str(tmp_path))
+
+
+def test_parallel_folder_and_direction(tmp_path):
+    folder = write_parallel_folder(tmp_path / "corpus", sizes=(20, 5, 5))
+    data = load_translation_data(data_dir=str(folder))
+    assert (data.source_language, data.target_language) == ("de", "en")
+    assert data.pairs("test") == number_pairs(5, seed=2)
+    flipped = load_translation_data(data_dir=str(folder), direction="en-de")
+    assert flipped.pairs("test") == [(e, g) for g, e in number_pairs(5, seed=2)]
+    with pytest.raises(ValueError, match="direction='fr-en'"):
+        load_translation_data(data_dir=str(folder), direction="fr-en")
+
+
+def test_unequal_line_counts_name_files_and_counts(tmp_path):
+    folder = write_parallel_folder(tmp_path / "corpus", sizes=(20, 5, 5))
+    with open(folder / "validation.en", "a", encoding="utf-8") as f:
+        f.write("one more\n")
+    with pytest.raises(ValueError, match=r"validation\.de has 5 lines.*validation\.en has 6 lines"):
+        load_translation_data(data_dir=str(folder))
+
+
+def test_non_utf8_line_names_file_and_line(tmp_path):
+    folder = write_parallel_folder(tmp_path / "corpus", sizes=(20, 5, 5))
+    lines = (folder / "train.de").read_bytes().splitlines(keepends=True)
+    lines[6] = b"caf\xe9\n"  # Latin-1, not UTF-8
+    (folder / "train.de").write_bytes(b"".join(lines))
+    with pytest.raises(ValueError, match=r"train\.de, line 7: not valid UTF-8"):
+        load_translation_data(data_dir=str(folder))
+
+
+def test_empty_lines_are_skipped_and_counted(tmp_path, caplog):
+    folder = write_parallel_folder(tmp_path / "corpus", sizes=(20, 5, 5))
+    lines = (folder / "test.en").read_text(encoding="utf-8").splitlines()
+    lines[1] = "  "
+    (folder / "test.en").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with caplog.at_level(logging.WARNING):
+        data = load_translation_data(data_dir=str(folder))
+    assert len(data.pairs("test")) == 4
+    assert "skipped 1 of 5 line pairs" in caplog.text
+
+
+def _write_ding_fixture(tmp_path):
+    """The fixture plus plain filler entries, so that every split is non-empty
+    (TFDS refuses empty splits). Returns `(path, expected pairs)`."""
+    filler = [(f"Wort{i}", f"word{i}") for i in range(2000)]
+    corpus = tmp_path / "de-en"
+    corpus.write_text(
+        DING_FIXTURE + "".join(f"{g} {{n}} :: {e}\n" for g, e in filler), encoding="utf-8"
+    )
+    return corpus, DING_EXPECTED + filler
+
+
+def test_tfds_dataset_by_name_with_a_fake_registry(tmp_path, monkeypatch):
+    """The code path of `--dataset wmt14_translate/de-en`, offline: `tfds.builder`
+    is faked to return a local translation builder."""
+    import tensorflow_datasets as tfds
+
+    corpus, expected = _write_ding_fixture(tmp_path)
+    real_builder = tfds.builder
+
+    def fake_builder(name, data_dir=None, **kwargs):
+        if name == "fake_translate/de-en":
+            return DingDeEn(corpus_path=corpus, data_dir=data_dir)
+        return real_builder(name, data_dir=data_dir, **kwargs)
+
+    monkeypatch.setattr(tfds, "builder", fake_builder)
+    tfds_dir = str(tmp_path / "tfds")
+    data = load_translation_data("fake_translate/de-en", tfds_data_dir=tfds_dir)
+    assert (data.source_language, data.target_language) == ("de", "en")
+    assert data.info["name"] == "fake_translate/de-en"
+    flipped = load_translation_data("fake_translate/de-en", direction="en-de", tfds_data_dir=tfds_dir)
+    assert (flipped.source_language, flipped.target_language) == ("en", "de")
+    assert flipped.pairs("test") == [(e, g) for g, e in data.pairs("test")]
+    found = [p for split in ("train", "validation", "test") for p in data.pairs(split)]
+    assert sorted(found) == sorted(expected)
+    with pytest.raises(ValueError, match="Unknown dataset 'no_such_dataset_xyz'"):
+        load_translation_data("no_such_dataset_xyz", tfds_data_dir=tfds_dir)
+
+
+@pytest.fixture(scope="module")
+def corpus_folder(tmp_path_factory):
+    folder = write_parallel_folder(tmp_path_factory.mktemp("corpus") / "numbers", sizes=(300, 30, 30))
+    data = load_translation_data(data_dir=str(folder))
+    get_tokenizer(str(folder / "vocab.model"), data.splits["train"], vocab_size=64)
+    return folder
+
+
+@pytest.fixture
+def corpus(corpus_folder):
+    # Function-scoped: `keras.utils.set_random_seed` (the autouse fixture) resets
+    # TensorFlow's eager context, which frees the SentencePiece resource of any
+    # tokenizer created before it.
+    data = load_translation_data(data_dir=str(corpus_folder))
+    return data, load_tokenizer(str(corpus_folder / "vocab.model")), corpus_folder
+
+
+def test_vocabulary_round_trips_text_and_reserves_special_ids(corpus):
+    data, tokenizer, folder = corpus
+    texts = [t for pair in data.pairs("test") for t in pair]
+    ids = tokenizer(texts)
+    decoded = [t.decode() if isinstance(t, bytes) else t for t in tokenizer.detokenize(ids)]
+    assert decoded == texts
+    assert [tokenizer.id_to_token(i) for i in range(4)] == ["<pad>", "<unk>", "<s>", "</s>"]
+    import sentencepiece
+
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(folder / "vocab.model"))
+    assert processor.encode(texts) == [list(row) for row in ids]
+    with pytest.raises(ValueError, match="has 64 pieces but vocab_size=80"):
+        get_tokenizer(str(folder / "vocab.model"), data.splits["train"], vocab_size=80)
+
+
+@pytest.mark.parametrize("num_replicas", [1, 2])
+def test_batches_respect_token_budget_and_shift_targets(corpus, num_replicas):
+    data, tokenizer, _ = corpus
+    batch_tokens, max_length = 96, 12
+    ds = make_dataset(
+        data.splits["train"], tokenizer, max_length=max_length, batch_tokens=batch_tokens,
+        num_replicas=num_replicas, seed=0,
+    )  # fmt: skip
+    assert ds.element_spec[1].dtype == tf.int32
+    for features, labels in ds.take(30).as_numpy_iterator():
+        source, target = features["source_ids"], features["target_ids"]
+        size, width = source.shape[0], max(source.shape[1], target.shape[1])
+        assert size * width <= batch_tokens and size % num_replicas == 0
+        assert width <= max_length and target.shape == labels.shape
+        source_lengths = (source != 0).sum(axis=1)
+        assert (source[np.arange(size), source_lengths - 1] == 3).all()  # ends with EOS
+        assert (target[:, 0] == 2).all()  # starts with BOS
+        np.testing.assert_array_equal(target[:, 1:], np.where(labels[:, :-1] == 3, 0, labels[:, :-1]))
+
+
+def test_bucket_sizes_reject_budget_below_longest_pair():
+    with pytest.raises(ValueError, match="batch_tokens=100 must be at least"):
+        bucket_sizes(max_length=64, batch_tokens=100, num_replicas=2)
