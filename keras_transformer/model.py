@@ -118,9 +118,15 @@ class Transformer(keras.Model):
         self.decoder_norm = layer_norm(layer_norm_epsilon, dtype, "decoder_norm") if norm_first else None
 
     @classmethod
-    def from_preset(cls, preset, **overrides):
-        """`Transformer.from_preset("base", vocab_size=37000)`; see `config.PRESETS`."""
-        return cls(**dataclasses.asdict(get_preset(preset, **overrides)))
+    def from_preset(cls, preset, **kwargs):
+        """`Transformer.from_preset("base", vocab_size=37000)`; see `config.PRESETS`.
+
+        `kwargs` that are `TransformerConfig` fields override the preset; the
+        others (`name`, `dtype`) go to `keras.Model`.
+        """
+        overrides = {key: value for key, value in kwargs.items() if key in _CONFIG_FIELDS}
+        model_kwargs = {key: value for key, value in kwargs.items() if key not in _CONFIG_FIELDS}
+        return cls(**dataclasses.asdict(get_preset(preset, **overrides)), **model_kwargs)
 
     def build(self, inputs_shape=None):
         hidden = (None, None, self.config.d_model)

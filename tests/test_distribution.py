@@ -1,0 +1,128 @@
+"""One training step on two `MirroredStrategy` replicas equals the same step on one device.
+
+conftest.py splits the CPU into two logical devices under TensorFlow.
+"""
+
+import contextlib
+
+import keras
+import numpy as np
+import pytest
+
+from keras_transformer import LabelSmoothedCrossEntropy, Transformer, TransformerSchedule
+
+pytestmark = pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow", reason="tf.distribute.MirroredStrategy"
+)
+
+VOCAB_SIZE = 60
+SOURCE = np.array(
+    [[5, 6, 7, 3, 0], [8, 9, 10, 11, 3], [12, 13, 3, 0, 0], [14, 15, 16, 17, 3]], "int32"
+)  # (B=4, S=5)
+TARGET_IN = np.array(
+    [[2, 20, 21, 22], [2, 23, 24, 25], [2, 26, 27, 28], [2, 29, 30, 31]], "int32"
+)  # (B=4, T=4), BOS first
+# Every sequence has 3 real labels: each replica (2 rows) holds 6 real tokens.
+LABELS_EQUAL = np.array([[20, 21, 3, 0], [23, 24, 3, 0], [26, 27, 3, 0], [29, 30, 3, 0]], "int32")
+# Replica 0 (rows 0-1) holds 2 real tokens, replica 1 (rows 2-3) holds 8.
+LABELS_UNEQUAL = np.array([[20, 0, 0, 0], [3, 0, 0, 0], [26, 27, 28, 3], [29, 30, 31, 3]], "int32")
+STEPS = 1
+# Adam's first step is lr * g / (|g| + epsilon): with the usual tiny epsilon, a gradient that is
+# zero in exact arithmetic but float noise in practice (the key biases: softmax ignores a
+# constant shift of the scores) becomes a full step of either sign. A larger epsilon keeps
+# such noise at noise level; every gradient of real size still moves its weight by ~lr.
+EPSILON = 1e-4
+
+
+def _strategy():
+    import tensorflow as tf
+
+    devices = [device.name for device in tf.config.list_logical_devices("CPU")]
+    if len(devices) < 2:
+        pytest.skip("needs the two logical CPU devices set up by conftest.py")
+    return tf.distribute.MirroredStrategy(devices[:2])
+
+
+def _train(
+    initial_weights, labels, strategy=None, reduction="mean_with_sample_weight", sample_weight=None
+):
+    """Builds the tiny model with `initial_weights`, runs `STEPS` steps on one batch of 4."""
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        model = Transformer.from_preset("tiny", vocab_size=VOCAB_SIZE, dropout=0.0)
+        model.build()
+        model.set_weights(initial_weights)
+        schedule = TransformerSchedule(d_model=model.config.d_model, warmup_steps=10)
+        model.compile(
+            optimizer=keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=EPSILON),
+            loss=LabelSmoothedCrossEntropy(label_smoothing=0.1, reduction=reduction),
+            jit_compile=False,  # XLA fails on logical CPU devices under MirroredStrategy
+            # Eager steps: tracing the train function (twice under the strategy) costs a
+            # minute on 2 cores; the replica split, all-reduce and loss scaling are the same.
+            run_eagerly=True,
+        )
+    inputs = {"source_ids": SOURCE, "target_ids": TARGET_IN}
+    model.fit(
+        inputs,
+        labels,
+        sample_weight=sample_weight,
+        batch_size=len(SOURCE),
+        epochs=STEPS,
+        shuffle=False,
+        verbose=0,
+    )
+    return [np.array(weight) for weight in model.get_weights()]
+
+
+@pytest.fixture(scope="module")
+def initial_weights():
+    model = Transformer.from_preset("tiny", vocab_size=VOCAB_SIZE, dropout=0.0)
+    model.build()
+    return model.get_weights()
+
+
+def _max_difference(weights_a, weights_b):
+    return max(float(np.abs(a - b).max()) for a, b in zip(weights_a, weights_b, strict=True))
+
+
+def _max_update(initial, weights):
+    return _max_difference(initial, weights)
+
+
+def test_two_replicas_equal_one_device(initial_weights):
+    """Default loss (mean over each replica's real tokens), equal real tokens per replica."""
+    single = _train(initial_weights, LABELS_EQUAL)
+    mirrored = _train(initial_weights, LABELS_EQUAL, strategy=_strategy())
+    assert _max_update(initial_weights, single) > 1e-3  # the step did move the weights
+    np.testing.assert_allclose(
+        np.concatenate([w.ravel() for w in mirrored]),
+        np.concatenate([w.ravel() for w in single]),
+        atol=1e-5,
+    )
+
+
+def test_global_token_mean_with_unequal_padding(initial_weights):
+    """Fairseq-style global token mean: `reduction="sum"`, weights `1 / real tokens in batch`.
+
+    The weights are computed on the global batch, before the strategy splits
+    it, so every replica divides by the same count and the summed replica
+    gradients equal the one-device gradient whatever the padding. The default
+    per-replica mean is shown to differ in that case, so this test can fail.
+    """
+    real = (LABELS_UNEQUAL != 0).astype("float32")
+    global_weights = real / real.sum()  # (B, T): sums to 1 over the global batch
+    single = _train(initial_weights, LABELS_UNEQUAL, reduction="sum", sample_weight=global_weights)
+    mirrored = _train(
+        initial_weights,
+        LABELS_UNEQUAL,
+        strategy=_strategy(),
+        reduction="sum",
+        sample_weight=global_weights,
+    )
+    np.testing.assert_allclose(
+        np.concatenate([w.ravel() for w in mirrored]),
+        np.concatenate([w.ravel() for w in single]),
+        atol=1e-5,
+    )
+    # Per-replica token means weight replica 0's 2 tokens like replica 1's 8: different.
+    mirrored_default = _train(initial_weights, LABELS_UNEQUAL, strategy=_strategy())
+    assert _max_difference(mirrored_default, single) > 1e-4
