@@ -10,6 +10,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")  # the exporters trace with TensorFlow
 
 from keras_transformer.export.cli import main  # noqa: E402
 

@@ -81,9 +81,9 @@ def export_all(
     search = {**DEFAULT_SEARCH, **(search or {})}
     check_work_dir(work_dir)  # fail before any slow import
     model_dir = os.path.join(output_dir, name)
-    version = next_version(model_dir) if version is None else check_version(version)
-    if version == next_version(model_dir) and os.path.isdir(os.path.join(model_dir, "onnx")):
-        version = max(version, next_version(os.path.join(model_dir, "onnx")))
+    if version is None:  # one new version number for both formats
+        version = max(next_version(model_dir), next_version(os.path.join(model_dir, "onnx")))
+    version = check_version(version)
     paths = {f: p for f, p in _paths(output_dir, name, version).items() if f in formats}
     if not overwrite:
         existing = [p for p in paths.values() if os.path.exists(p)]
@@ -123,10 +123,28 @@ def default_name(run_info):
 
 
 def export_after_training(work_dir, run_info, output_dir="saved_models"):
-    """What `training.run()` calls at the end: `export_all` with the run's name and search."""
+    """What `training.run()` calls at the end: `export_all` with the run's name and search.
+
+    The exporters trace the model with TensorFlow; after training under JAX
+    or torch they run in a `KERAS_BACKEND=tensorflow` subprocess
+    (`python -m keras_transformer.export`).
+    """
+    import keras
+
     metrics = run_info.get("metrics") or {}
     search = {k: metrics[k] for k in ("beam_size", "alpha") if metrics.get(k) is not None}
-    return export_all(work_dir, output_dir=output_dir, name=default_name(run_info), search=search)
+    name = default_name(run_info)
+    if keras.backend.backend() != "tensorflow":
+        import subprocess
+        import sys
+
+        command = [sys.executable, "-m", "keras_transformer.export", "--work-dir", work_dir,
+                   "--output-dir", output_dir, "--name", name]  # fmt: skip
+        env = dict(os.environ, KERAS_BACKEND="tensorflow")
+        output = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
+        lines = output.stdout.split()
+        return dict(zip(FORMATS, lines[-len(FORMATS) :], strict=True))
+    return export_all(work_dir, output_dir=output_dir, name=name, search=search)
 
 
 __all__ = ["DEFAULT_SEARCH", "default_name", "export_after_training", "export_all", "load_work_dir"]

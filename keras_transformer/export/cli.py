@@ -2,7 +2,6 @@
 
 import argparse
 import logging
-import os
 
 
 def parse_args(description, argv=None):
@@ -22,7 +21,6 @@ def parse_args(description, argv=None):
 def main(formats, description, argv=None):
     """Parses flags and runs `export_all(formats=formats)`; returns the paths written."""
     args = parse_args(description, argv)
-    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from keras_transformer.export import default_name, export_all
     from keras_transformer.export.artifacts import check_work_dir
