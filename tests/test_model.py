@@ -19,14 +19,14 @@ def _np(x):
 
 
 def _logits(model, source, target):
-    return _np(model.forward(source, target))
+    return _np(model.jit_forward(source, target))
 
 
 def _tiny_model(norm_first=False):
     model = Transformer.from_preset("tiny", dropout=0.0, norm_first=norm_first)
     model.build()
     # Compiled entry points (under JAX only; see `compiled`).
-    model.forward = compiled(
+    model.jit_forward = compiled(
         model, lambda source, target: model({"source_ids": source, "target_ids": target})
     )
     model.jit_encode = compiled(model, model.encode)
