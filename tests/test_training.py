@@ -1,0 +1,145 @@
+"""End-to-end training: 2-replica MirroredStrategy, kill and resume, multi-worker."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from translation_fixtures import write_parallel_folder
+
+from keras_transformer import training
+
+pytestmark = pytest.mark.slow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_ARGS = [
+    "--preset", "tiny", "--vocab-size", "64", "--batch-tokens", "256",
+    "--validation-bleu-samples", "10", "--test-samples", "10", "--beam-size", "1", "--no-export",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_parallel_folder(tmp_path_factory.mktemp("corpus") / "numbers", sizes=(400, 20, 20))
+
+
+def _env(**extra):
+    env = dict(
+        os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow"
+    )
+    env.pop("TF_CONFIG", None)
+    env.update(extra)
+    return env
+
+
+def test_tiny_run_on_two_replicas_lowers_loss_and_writes_work_dir(corpus, tmp_path):
+    work_dir = str(tmp_path / "work")
+    info = training.run(
+        preset="tiny", data_dir=str(corpus), work_dir=work_dir, logical_devices=2,
+        epochs=3, steps=15, vocab_size=64, batch_tokens=256, warmup_steps=30,
+        validation_bleu_samples=10, test_samples=10, beam_size=2, export=False,
+    )  # fmt: skip
+    assert info["training"]["num_replicas"] == 2
+    losses = info["history"]["loss"]
+    assert losses[-1] < losses[0]
+    assert info["history"]["val_loss"][-1] < info["history"]["val_loss"][0]
+    assert "val_bleu" in info["history"] and "learning_rate" in info["history"]
+    for name in ("vocab.model", "model.keras", "run.json", "checkpoints", "logs"):
+        assert os.path.exists(os.path.join(work_dir, name)), name
+    for key in ("bleu", "chrf"):
+        assert 0.0 <= info["metrics"]["test"][key] <= 100.0
+    model, tokenizer, run_info = training.load_trained(work_dir)
+    assert run_info["config"] == info["config"]
+    assert model.config.vocab_size == tokenizer.vocabulary_size() == 64
+    ids = np.array([[5, 6, 7, 3]], dtype="int32")
+    assert model({"source_ids": ids, "target_ids": ids[:, :2]}).shape == (1, 2, 64)
+
+
+def _train_command(corpus, work_dir, epochs, steps):
+    return [
+        sys.executable, os.path.join(ROOT, "train.py"), *TINY_ARGS, "--data-dir", str(corpus),
+        "--work-dir", str(work_dir), "--epochs", str(epochs), "--steps", str(steps),
+    ]  # fmt: skip
+
+
+def test_killed_run_resumes_from_backup_without_repeating_epochs(corpus, tmp_path):
+    work_dir = tmp_path / "work"
+    command = _train_command(corpus, work_dir, epochs=3, steps=40)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT
+    )
+    seen = []
+    try:
+        for line in process.stdout:
+            seen.append(line)
+            if line.startswith("Epoch 2/3"):  # epoch 1 is finished and backed up
+                process.send_signal(signal.SIGKILL)
+                break
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode == -signal.SIGKILL, "".join(seen[-30:])
+    assert not (work_dir / "run.json").exists()
+    assert (work_dir / "backup").is_dir()
+
+    resumed = subprocess.run(
+        command, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300
+    )
+    output = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, output[-3000:]
+    assert "Epoch 1/3" not in output
+    assert "Epoch 2/3" in output and "Epoch 3/3" in output
+    info = json.loads((work_dir / "run.json").read_text())
+    assert info["training"]["epochs_run"] == 2  # epochs 2 and 3 only
+
+
+def _free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def test_multi_worker_mirrored_strategy_with_two_local_workers(corpus, tmp_path):
+    work_dir = tmp_path / "work"
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in _free_ports(2)]}
+    command = _train_command(corpus, work_dir, epochs=1, steps=4)
+    processes = []
+    for index in range(2):
+        tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+        processes.append(
+            subprocess.Popen(
+                command,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=_env(TF_CONFIG=tf_config),
+                cwd=ROOT,
+            )  # fmt: skip
+        )
+    outputs = []
+    deadline = time.time() + 400
+    for process in processes:
+        try:
+            outputs.append(process.communicate(timeout=max(1, deadline - time.time()))[0])
+        except subprocess.TimeoutExpired:
+            for p in processes:
+                p.kill()
+            pytest.fail("multi-worker training did not finish in time")
+    for process, output in zip(processes, outputs):
+        assert process.returncode == 0, output[-3000:]
+    chief = json.loads((work_dir / "run.json").read_text())
+    assert chief["training"]["distribution"].startswith("MultiWorkerMirroredStrategy")
+    assert chief["training"]["num_replicas"] == 2
+    assert chief["metrics"]["train_steps"] == 4
+    assert (work_dir / "workers" / "worker_1" / "backup").exists() or (
+        work_dir / "workers" / "worker_1"
+    ).is_dir()
