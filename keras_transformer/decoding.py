@@ -349,46 +349,43 @@ def compile_translate_ids(model, beam_size=4, alpha=0.6, max_extra_length=50, ji
     return run
 
 
-def uncached_greedy_search(model, source_ids, max_extra_length=50, eos_id=None, decode_fn=None):
-    """Reference greedy search without a cache: the TensorFlow tutorial's approach.
+def uncached_greedy_search(model, source_ids, max_extra_length=50, eos_id=None):
+    """Reference greedy search without a cache, as the TensorFlow tutorial decodes.
 
-    Every step re-runs the whole decoder on the prefix decoded so far (the
-    encoder runs once). Quadratic in the output length; kept to test the
-    cached search against and to benchmark it.
+    Every step re-runs the whole decoder on the output so far (the encoder
+    runs once) and keeps the prediction at the newest position. The output
+    lives in a fixed-size buffer, so every step has the same shapes (JAX
+    compiles once); the causal mask keeps later, not yet decoded positions
+    from changing earlier ones. Quadratic in the output length; kept to test
+    the cached search against.
 
     Args:
         model: a `Transformer`.
         source_ids: `(B, S)` int ids.
         max_extra_length: int, as in `translate_ids`.
         eos_id: int; defaults to `model.config.eos_id`. Pass -1 to never stop early.
-        decode_fn: `(target_ids, encoder_outputs, source_ids) -> (B, T, V)`;
-            defaults to `model.decode`, e.g. a compiled version of it.
 
     Returns:
         `(B, T)` int32 ids laid out as `translate_ids` returns them.
     """
     config = model.config
     eos_id = config.eos_id if eos_id is None else eos_id
-    decode_fn = decode_fn or model.decode
     source_ids = ops.cast(source_ids, "int32")
     buffer_length, max_lengths = output_limits(
         source_ids, max_extra_length, config.max_length, config.pad_id
     )
     encoder_outputs = model.encode(source_ids, training=False)
-    prefix = ops.zeros_like(source_ids[:, :1]) + config.bos_id  # (B, 1)
+    start = ops.zeros_like(source_ids[:, :1]) + config.bos_id  # (B, 1)
+    padding = ops.zeros((1, buffer_length), dtype="int32") + config.pad_id  # (1, T)
+    inputs = ops.concatenate([start, ops.zeros_like(start) + padding], axis=1)  # (B, T + 1)
     finished = ops.zeros_like(source_ids[:, 0], dtype="bool")  # (B,)
     for step in range(int(buffer_length)):
-        logits = decode_fn(prefix, encoder_outputs, source_ids)[:, -1, :]  # (B, V)
-        next_ids = ops.where(
-            finished, config.pad_id, ops.cast(ops.argmax(logits, axis=-1), "int32")
-        )
-        prefix = ops.concatenate([prefix, next_ids[:, None]], axis=1)  # (B, step + 2)
+        logits = model.decode(inputs[:, :-1], encoder_outputs, source_ids)  # (B, T, V)
+        next_ids = ops.cast(ops.argmax(logits[:, step], axis=-1), "int32")  # (B,)
+        next_ids = ops.where(finished, config.pad_id, next_ids)
+        inputs = _write(inputs, step + 1, next_ids)
         ended = ops.logical_or(ops.equal(next_ids, eos_id), step + 1 >= max_lengths)
         finished = ops.logical_or(finished, ended)
         if bool(ops.convert_to_numpy(ops.all(finished))):
             break
-    tokens = prefix[:, 1:]
-    padding = ops.zeros_like(source_ids[:, :1]) + ops.zeros(
-        (1, int(buffer_length) - tokens.shape[1]), "int32"
-    )
-    return ops.concatenate([tokens, padding + config.pad_id], axis=1)
+    return inputs[:, 1:]
