@@ -103,7 +103,7 @@ def beam_search(
         last_ids = top_ids.reshape(-1)[keep]
         parents = top_beams.reshape(-1)[keep]
         for name in reorder:
-            cache[name] = cache[name][parents]
+            cache[name] = np.take(cache[name], parents, axis=0)  # faster than fancy indexing
 
         new_scores = np.where(ends, top_log_probs / length_penalty(step + 1, alpha), NEG_INF)
         scores = np.concatenate([finished_scores, new_scores.astype(np.float32)], axis=1)

@@ -97,13 +97,16 @@ def make_work_dir(path, steps=96):
 
 
 def exported(tmp_path_factory):
-    """`(work_dir, paths)`: the tiny work dir and `export_all`'s result, built once."""
+    """`(work_dir, paths)`: the tiny work dir and its exports, built once."""
     if "exported" not in _CACHE:
-        from keras_transformer.export import export_all
+        from keras_transformer.export import export_after_training
 
         root = tmp_path_factory.mktemp("export")
         work_dir = make_work_dir(str(root / "work"))
-        paths = export_all(work_dir, output_dir=str(root / "saved_models"), name="tiny")
+        with open(os.path.join(work_dir, "run.json")) as f:
+            run_info = json.load(f)
+        # What `python train.py` calls at the end of training.
+        paths = export_after_training(work_dir, run_info, output_dir=str(root / "saved_models"))
         _CACHE["exported"] = (work_dir, paths)
     return _CACHE["exported"]
 

@@ -7,6 +7,7 @@ the latter being what TF Serving does) and its translations must equal the
 Keras model's.
 """
 
+import base64
 import json
 import os
 import subprocess
@@ -99,7 +100,9 @@ def fresh(export, sentences):
 def test_layout_is_tf_serving_layout(export):
     _, paths = export
     version_dir = paths["saved_model"]
-    assert os.path.basename(version_dir) == "1"
+    # saved_models/<name>/<version>, the name from run.json's direction.
+    assert version_dir.endswith(os.path.join("transformer_de_en", "1"))
+    assert paths["onnx"].endswith(os.path.join("transformer_de_en", "onnx", "1"))
     assert os.path.isfile(os.path.join(version_dir, "saved_model.pb"))
     assert os.path.isdir(os.path.join(version_dir, "variables"))
     siblings = os.listdir(os.path.dirname(version_dir))
@@ -171,6 +174,12 @@ def test_rest_payloads_give_documented_response_shapes(export, sentences):
     assert named_rows == {"predictions": expected}
     assert predict(signature, {"inputs": batch}) == {"outputs": expected}
     assert predict(signature, {"inputs": {"sentences": batch}}) == {"outputs": expected}
+    # Bytes that are not UTF-8 travel base64-encoded, as TF Serving's REST API expects.
+    encoded = {"b64": base64.b64encode(b"haus katze").decode()}
+    assert predict(signature, {"instances": [encoded]}) == predict(
+        signature, {"instances": ["haus katze"]}
+    )
+    assert predict(signature, {"instances": []}) == {"predictions": []}
     with pytest.raises(ValueError, match="exactly one of"):
         predict(signature, {"instances": batch, "inputs": batch})
 
@@ -210,10 +219,13 @@ def test_refuses_existing_version_without_overwrite(export, tmp_path):
     from keras_transformer.export import export_all
 
     work_dir, paths = export
-    output_dir = os.path.dirname(os.path.dirname(paths["saved_model"]))
+    model_dir = os.path.dirname(paths["saved_model"])
     before = os.path.getmtime(os.path.join(paths["saved_model"], "saved_model.pb"))
     with pytest.raises(FileExistsError, match="--overwrite"):
-        export_all(work_dir, output_dir=output_dir, name="tiny", version=1)
+        export_all(
+            work_dir, output_dir=os.path.dirname(model_dir), name=os.path.basename(model_dir),
+            version=1,
+        )  # fmt: skip
     assert os.path.getmtime(os.path.join(paths["saved_model"], "saved_model.pb")) == before
 
 
