@@ -104,7 +104,7 @@ def load_average():
 # --------------------------------------------------------------------------- FLOPs
 
 
-def training_flops(config, batch_size, source_length, target_length):
+def training_flops(config, batch_size, source_length, target_length, attention=True):
     """Matmul FLOPs of one training step (forward + backward), counted analytically.
 
     A matmul with a (K, M) weight costs 2*K*M FLOPs per token forward and
@@ -129,8 +129,8 @@ def training_flops(config, batch_size, source_length, target_length):
     weights += n * (2 * d * d + 2 * d * f) * t + n * 2 * d * d * t  # decoder: self + ffn, Q/out of cross
     weights += n * 2 * d * d * s  # decoder cross-attention K/V projections of the source
     weights += v * d * t  # logits
-    attention = n * (4 * s * s * d + 4 * t * t * d + 4 * t * s * d)  # enc self, dec self, cross
-    return 3 * b * (2 * weights + attention)
+    scores = n * (4 * s * s * d + 4 * t * t * d + 4 * t * s * d)  # enc self, dec self, cross
+    return 3 * b * (2 * weights + (scores if attention else 0))
 
 
 # --------------------------------------------------------------------------- data
