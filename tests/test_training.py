@@ -108,6 +108,12 @@ def _free_ports(count):
     return ports
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="Keras 3 model.fit does not support MultiWorkerMirroredStrategy: the worker fails with "
+    "'Attempt to convert a value (PerReplica...)' (keras-team/keras#20585, "
+    "tensorflow/tensorflow#72388). Strict, so that it reports when Keras fixes it.",
+)
 def test_multi_worker_mirrored_strategy_with_two_local_workers(corpus, tmp_path):
     work_dir = tmp_path / "work"
     cluster = {"worker": [f"127.0.0.1:{port}" for port in _free_ports(2)]}
