@@ -111,8 +111,9 @@ def training_flops(config, batch_size, source_length, target_length, attention=T
     twice that backward (gradients of inputs and of weights): 6*K*M per
     token per step. Per layer, with D = d_model and F = d_ff:
 
-        encoder layer:  4 D^2 (Q, K, V, output) + 2 D F           per source token
-        decoder layer:  8 D^2 (self + cross)    + 2 D F           per target token
+        encoder layer:  4 D^2 (Q, K, V, output) + 2 D F          per source token
+        decoder layer:  6 D^2 (self Q/K/V/out, cross Q/out) + 2 D F  per target token
+                        + 2 D^2 (cross K/V of the encoder output)   per source token
         logits:         V D (the tied embedding, transposed)      per target token
 
     The embedding lookup is a gather (no FLOPs), so the shared matrix is
@@ -121,12 +122,12 @@ def training_flops(config, batch_size, source_length, target_length, attention=T
     per source token. Attention itself (Q K^T and weights @ V) costs
     2 * 2 * T * S * D per sequence and layer forward, computed in full
     even where the causal mask zeroes half of it. Biases, LayerNorm,
-    softmax and dropout are element-wise and left out (< 2% here).
+    softmax, dropout, the loss and Adam are element-wise and left out.
     """
     d, f, v, n = config.d_model, config.d_ff, config.vocab_size, config.num_layers
     s, t, b = source_length, target_length, batch_size
     weights = n * (4 * d * d + 2 * d * f) * s  # encoder
-    weights += n * (2 * d * d + 2 * d * f) * t + n * 2 * d * d * t  # decoder: self + ffn, Q/out of cross
+    weights += n * (6 * d * d + 2 * d * f) * t  # decoder: self Q/K/V/out, cross Q/out, FFN
     weights += n * 2 * d * d * s  # decoder cross-attention K/V projections of the source
     weights += v * d * t  # logits
     scores = n * (4 * s * s * d + 4 * t * t * d + 4 * t * s * d)  # enc self, dec self, cross
@@ -162,8 +163,6 @@ def make_batch(config, batch_size, source_length, target_length, seed=0):
 
 def build_model(name, config):
     """One of `CANDIDATES`, with the architecture of `config` and the global dtype policy."""
-    import keras
-
     from keras_transformer import Transformer
 
     if name == "keras_transformer":

@@ -1,4 +1,4 @@
-"""Step time and peak memory of this package's `Transformer` against sequence length and batch tokens.
+"""Step time and peak memory of this package's `Transformer` vs sequence length and batch tokens.
 
     python benchmarks/scaling.py                     # TensorFlow, small preset
     python benchmarks/scaling.py --backend jax --lengths 32,128,512
@@ -15,11 +15,12 @@ grows linearly in L per token, quadratically per sequence.
 
 Memory is the peak resident set size of the process (`getrusage`
 ru_maxrss), with the RSS after building the model and before the first
-step alongside. `tracemalloc` cannot see TensorFlow's C++ allocations and
-`tf.config.experimental.get_memory_info` supports only GPUs, so RSS is
-the measure that works for every backend on CPU; it includes the
-framework itself, the traced graph, the optimizer's slots and the
-activations kept for the backward pass.
+step alongside: it works for every backend and includes the framework,
+the traced graph, the optimizer's slots and the activations kept for the
+backward pass. `tracemalloc` cannot see the frameworks' C++ allocations.
+Under TensorFlow the table adds the allocator's own peak,
+`tf.config.experimental.get_memory_info("CPU:0")["peak"]` (works on CPU
+in TF 2.21), reset after the model is built: tensors only, no framework.
 """
 
 import argparse
@@ -34,12 +35,16 @@ from benchmarks import _common  # noqa: E402
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--preset", default="small")
     parser.add_argument("--backend", default="tensorflow", help="tensorflow, jax or torch")
     parser.add_argument("--jit", action="store_true", help="jit_compile=True (always on for JAX)")
     parser.add_argument("--lengths", default="32,64,128,256,512")
-    parser.add_argument("--tokens", type=int, default=2048, help="tokens per side per step in the length sweep")
+    parser.add_argument(
+        "--tokens", type=int, default=2048, help="tokens per side per step in the length sweep"
+    )
     parser.add_argument("--batch-length", type=int, default=64)
     parser.add_argument("--batch-tokens", default="512,1024,2048,4096")
     parser.add_argument("--steps", type=int, default=2)
@@ -74,6 +79,11 @@ def worker(args):
     model(x)
     _common.compile_for_training(model, config, jit_compile=args.jit)
     rss_built = psutil.Process().memory_info().rss / 2**20
+    tf_allocator = keras.backend.backend() == "tensorflow"
+    if tf_allocator:
+        import tensorflow as tf
+
+        tf.config.experimental.reset_memory_stats("CPU:0")
     for _ in range(args.warmup):
         model.train_on_batch(x, y)
     times = []
@@ -87,6 +97,9 @@ def worker(args):
                 "step_s": _common.median(times),
                 "rss_built_mib": rss_built,
                 "peak_rss_mib": _common.peak_rss_mib(),
+                "tf_peak_mib": tf.config.experimental.get_memory_info("CPU:0")["peak"] / 2**20
+                if tf_allocator
+                else None,
             }
         )
     )
@@ -99,13 +112,15 @@ def main(argv=None):
     from keras_transformer.config import get_preset
 
     config = get_preset(args.preset)
-    points = [("length", length, max(1, args.tokens // length)) for length in map(int, args.lengths.split(","))]
+    lengths = map(int, args.lengths.split(","))
+    points = [("length", length, max(1, args.tokens // length)) for length in lengths]
     points += [
         ("batch", args.batch_length, max(1, tokens // args.batch_length))
         for tokens in map(int, args.batch_tokens.split(","))
     ]
     common = ["--preset", args.preset, "--steps", str(args.steps), "--warmup", str(args.warmup)]
-    common += ["--threads", str(args.threads), "--dtype", args.dtype] + (["--jit"] if args.jit else [])
+    common += ["--threads", str(args.threads), "--dtype", args.dtype]
+    common += ["--jit"] if args.jit else []
     rows = []
     for sweep, length, batch in points:
         result = _common.spawn(
@@ -118,8 +133,15 @@ def main(argv=None):
         no_attention = _common.training_flops(config, batch, length, length, attention=False)
         tokens = 2 * batch * length
         rows.append(
-            dict(result, sweep=sweep, length=length, batch=batch, tokens=tokens, flops=flops,
-                 attention_share=1 - no_attention / flops)
+            dict(
+                result,
+                sweep=sweep,
+                length=length,
+                batch=batch,
+                tokens=tokens,
+                flops=flops,
+                attention_share=1 - no_attention / flops,
+            )
         )
         print(f"{sweep} L={length} B={batch}: {1000 * result['step_s']:.0f} ms", file=sys.stderr)
     load = ", ".join(f"{value:.2f}" for value in _common.load_average())
@@ -128,16 +150,20 @@ def main(argv=None):
         f"threads={args.threads} steps={args.steps} (median); load average after: {load}\n"
     )
     print(
-        "| sweep | length | batch | tokens/step (src+tgt) | step (ms) | tokens/s | ms per 1k tokens | "
-        "GFLOP/step | attention share of FLOPs | RSS after build (MiB) | peak RSS (MiB) |"
+        "| sweep | length | batch | tokens/step (src+tgt) | step (ms) | tokens/s | "
+        "ms per 1k tokens | GFLOP/step | attention share of FLOPs | RSS after build (MiB) | "
+        "peak RSS (MiB) | TF allocator peak (MiB) |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
-            f"| {r['sweep']} | {r['length']} | {r['batch']} | {r['tokens']} | {1000 * r['step_s']:.0f} | "
+            f"| {r['sweep']} | {r['length']} | {r['batch']} | {r['tokens']} | "
+            f"{1000 * r['step_s']:.0f} | "
             f"{r['tokens'] / r['step_s']:,.0f} | {1e6 * r['step_s'] / r['tokens']:.1f} | "
             f"{r['flops'] / 1e9:.1f} | {r['attention_share']:.0%} | {r['rss_built_mib']:.0f} | "
-            f"{r['peak_rss_mib']:.0f} |"
+            f"{r['peak_rss_mib']:.0f} | "
+            + ("-" if r.get("tf_peak_mib") is None else f"{r['tf_peak_mib']:.0f}")
+            + " |"
         )
     if args.json:
         with open(args.json, "w") as f:

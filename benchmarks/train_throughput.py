@@ -38,7 +38,9 @@ BACKENDS = {  # name -> (KERAS_BACKEND, jit_compile)
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--preset", default="small")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--length", type=int, default=32, help="source and target length")
@@ -152,15 +154,15 @@ def table(results, names):
         peak = result["matmul_flops_per_s"]["float32"]
         for name in names:
             c = candidates[name]
-
-            def ratio(other):
-                if other not in candidates:
-                    return "-"
-                return f"{c['tokens_per_s'] / candidates[other]['tokens_per_s']:.2f}x"
-
+            ratios = {
+                other: f"{c['tokens_per_s'] / candidates[other]['tokens_per_s']:.2f}x"
+                if other in candidates
+                else "-"
+                for other in ("keras_hub", "keras_mha")
+            }
             rows.append(
                 f"| {label} | {name} | {c['params']:,} | {1000 * c['median_step_s']:.0f} | "
-                f"{c['tokens_per_s']:,.0f} | {ratio('keras_hub')} | {ratio('keras_mha')} | "
+                f"{c['tokens_per_s']:,.0f} | {ratios['keras_hub']} | {ratios['keras_mha']} | "
                 f"{c['flops_per_s'] / 1e9:.1f} | {peak / 1e9:.1f} | {c['flops_per_s'] / peak:.0%} |"
             )
     return "\n".join(rows)
