@@ -9,6 +9,9 @@ Two sweeps, every point in a fresh process (so peak memory is that point's):
                   sequences, i.e. a constant number of tokens per step;
     batch sweep:  L = --batch-length, tokens per step in --batch-tokens.
 
+Step times come from one process that times all points round-robin
+(`--rounds`), so changing load from other processes hits every point alike.
+
 At constant tokens the matmuls cost the same at every L, and attention
 (Q K^T and weights @ V, 4 * L^2 * D per sequence and attention layer)
 grows linearly in L per token, quadratically per sequence.
@@ -55,7 +58,54 @@ def parse_args(argv=None):
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--batch-size", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--points", help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the interleaved timing")
     return parser.parse_args(argv)
+
+
+def timing_worker(args):
+    """Step time of every point in one process, points interleaved, median over rounds.
+
+    On a shared machine the load changes over minutes; timing all points
+    round-robin in one process spreads it evenly, so the growth with
+    length is the model's, not the neighbours'.
+    """
+    import dataclasses
+
+    import keras
+    from keras import ops
+
+    from keras_transformer.config import get_preset
+
+    _common.set_threads(args.threads)
+    keras.utils.set_random_seed(0)
+    keras.config.set_dtype_policy(args.dtype)
+    points = [tuple(map(int, p.split("x"))) for p in args.points.split(",")]  # (length, batch)
+    config = get_preset(args.preset)
+    config = dataclasses.replace(
+        config, max_length=max([config.max_length] + [p[0] for p in points])
+    )
+    model = _common.build_model("keras_transformer", config)
+    batches = {}
+    for length, batch in points:
+        x, y = _common.make_batch(config, batch, length, length)
+        batches[length, batch] = ({k: ops.convert_to_tensor(v) for k, v in x.items()}, y)
+    model(batches[points[0]][0])
+    _common.compile_for_training(model, config, jit_compile=args.jit)
+    for x, y in batches.values():  # traces one step function per shape
+        for _ in range(args.warmup):
+            model.train_on_batch(x, y)
+    times = {point: [] for point in points}
+    for _ in range(args.rounds):
+        for point, (x, y) in batches.items():
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                logs = model.train_on_batch(x, y, return_dict=True)
+            float(logs["loss"])
+            times[point].append((time.perf_counter() - start) / args.steps)
+    print(
+        json.dumps({f"{length}x{batch}": _common.median(t) for (length, batch), t in times.items()})
+    )
 
 
 def worker(args):
@@ -108,7 +158,7 @@ def worker(args):
 def main(argv=None):
     args = parse_args(argv)
     if args.worker:
-        return worker(args)
+        return timing_worker(args) if args.points else worker(args)
     from keras_transformer.config import get_preset
 
     config = get_preset(args.preset)
@@ -121,6 +171,19 @@ def main(argv=None):
     common = ["--preset", args.preset, "--steps", str(args.steps), "--warmup", str(args.warmup)]
     common += ["--threads", str(args.threads), "--dtype", args.dtype]
     common += ["--jit"] if args.jit else []
+    interleaved = _common.spawn(
+        os.path.abspath(__file__),
+        args.backend,
+        common
+        + [
+            "--rounds",
+            str(args.rounds),
+            "--points",
+            ",".join(f"{length}x{batch}" for _, length, batch in points),
+        ],
+        threads=args.threads,
+        timeout=1800,
+    )
     rows = []
     for sweep, length, batch in points:
         result = _common.spawn(
@@ -132,9 +195,11 @@ def main(argv=None):
         flops = _common.training_flops(config, batch, length, length)
         no_attention = _common.training_flops(config, batch, length, length, attention=False)
         tokens = 2 * batch * length
+        result["isolated_step_s"] = result.pop("step_s")
         rows.append(
             dict(
                 result,
+                step_s=interleaved[f"{length}x{batch}"],
                 sweep=sweep,
                 length=length,
                 batch=batch,
@@ -143,11 +208,15 @@ def main(argv=None):
                 attention_share=1 - no_attention / flops,
             )
         )
-        print(f"{sweep} L={length} B={batch}: {1000 * result['step_s']:.0f} ms", file=sys.stderr)
+        print(
+            f"{sweep} L={length} B={batch}: peak RSS {result['peak_rss_mib']:.0f} MiB",
+            file=sys.stderr,
+        )
     load = ", ".join(f"{value:.2f}" for value in _common.load_average())
     print(
         f"backend={args.backend} jit={args.jit} preset={args.preset} dtype={args.dtype} "
-        f"threads={args.threads} steps={args.steps} (median); load average after: {load}\n"
+        f"threads={args.threads}; step time: median over {args.rounds} interleaved rounds of "
+        f"{args.steps} steps; load average after: {load}\n"
     )
     print(
         "| sweep | length | batch | tokens/step (src+tgt) | step (ms) | tokens/s | "
