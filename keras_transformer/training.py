@@ -95,6 +95,65 @@ def make_strategy(logical_devices=None):
     return strategy, f"MirroredStrategy over {strategy.num_replicas_in_sync} device(s): {devices}"
 
 
+def _is_multi_worker(strategy):
+    """True when `strategy` spans several workers (replicas outside this process)."""
+    return strategy is not None and strategy.num_replicas_in_sync > len(
+        strategy.extended.worker_devices
+    )
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MultiWorkerTransformer(Transformer):
+    """`Transformer` whose `fit` and `evaluate` run under `MultiWorkerMirroredStrategy`.
+
+    Keras 3.15's TensorFlow trainer fails there in two places
+    (keras-team/keras#20585, tensorflow/tensorflow#72388); both overrides act
+    only when the strategy spans several workers:
+
+    1. `fit`/`evaluate` start with `_maybe_symbolic_build`, which averages the
+       replicas' first batch with `strategy.reduce("MEAN", batch, axis=None)`
+       (keras/src/backend/tensorflow/trainer.py, `_maybe_symbolic_build`).
+       Across workers, `CollectiveAllReduce.reduce` calls `convert_to_tensor`
+       on the nested batch: "Attempt to convert a value (PerReplica...)".
+       Building needs only shapes and dtypes: this process's first replica's
+       batch is used instead (which also keeps the ids integer).
+    2. `reduce_per_replica(..., "auto")` reduces every log value with
+       `strategy.reduce("MEAN", value, axis=0)` in multi-worker mode, and
+       metric results are scalars: "Invalid reduction dimension 0 for input
+       with 0 dimensions". `train_step`/`test_step` return them with shape
+       (1,), so that the mean over axis 0 is the mean over replicas, a scalar.
+
+    Apart from these, it is a `Transformer` (same config and weights); its
+    `.keras` file loads where `keras_transformer.training` is imported
+    (`load_trained` does).
+    """
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        strategy = self.distribute_strategy
+        if iterator is not None and data_batch is None and _is_multi_worker(strategy):
+            for _, _, distributed_iterator in iterator:
+                data_batch = keras.tree.map_structure(
+                    lambda value: strategy.experimental_local_results(value)[0],
+                    next(distributed_iterator),
+                )
+                break
+            iterator = None
+        return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+
+    def _logs_as_vectors(self, logs):
+        if not _is_multi_worker(self.distribute_strategy):
+            return logs
+        return keras.tree.map_structure(
+            lambda value: keras.ops.reshape(value, (1,)) if len(value.shape) == 0 else value, logs
+        )
+
+    def train_step(self, data):
+        return self._logs_as_vectors(super().train_step(data))
+
+    def test_step(self, data):
+        return self._logs_as_vectors(super().test_step(data))
+
+
 def _task():
     """`(is_chief, task_id)` from `TF_CONFIG` (chief = worker 0 or the chief task)."""
     config = json.loads(os.environ.get("TF_CONFIG") or "{}")
@@ -390,7 +449,8 @@ def run(
 
     scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
     with scope:
-        model = Transformer(**dataclasses.asdict(config))
+        model_class = MultiWorkerTransformer if _is_multi_worker(strategy) else Transformer
+        model = model_class(**dataclasses.asdict(config))
         _build(model, config)
         schedule = TransformerSchedule(config.d_model, warmup_steps=warmup_steps)
         optimizer = keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9)
