@@ -11,8 +11,9 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
     "During training, we employed label smoothing of value eps_ls = 0.1"
     (https://arxiv.org/abs/1706.03762, Section 5.4). Positions whose label
     is `pad_id` get weight 0 and the sum is divided by the number of real
-    tokens (reduction `mean_with_sample_weight`). Being a `keras.losses.Loss` with a reduction, it is scaled
-    correctly across replicas under a distribution strategy.
+    tokens (reduction `mean_with_sample_weight`). Being a `keras.losses.Loss`
+    with a reduction, it is scaled correctly across replicas under a
+    distribution strategy: each replica averages over its own real tokens.
 
     Args:
         label_smoothing: float in [0, 1).

@@ -13,7 +13,7 @@ from keras_transformer.layers import (
     TokenEmbedding,
     padding_mask_from_ids,
 )
-from keras_transformer.layers.encoder import layer_norm
+from keras_transformer.layers.block import layer_norm
 
 _CONFIG_FIELDS = tuple(field.name for field in dataclasses.fields(TransformerConfig))
 
@@ -104,9 +104,13 @@ class Transformer(keras.Model):
             use_fused_attention=use_fused_attention,
             dtype=dtype,
         )
-        self.embedding = TokenEmbedding(vocab_size, d_model, pad_id=pad_id, dtype=dtype, name="embedding")
+        self.embedding = TokenEmbedding(
+            vocab_size, d_model, pad_id=pad_id, dtype=dtype, name="embedding"
+        )
         self.positional_encoding = PositionalEncoding(dtype=dtype, name="positional_encoding")
-        self.embedding_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="embedding_dropout")
+        self.embedding_dropout = keras.layers.Dropout(
+            dropout, dtype=dtype, name="embedding_dropout"
+        )
         self.encoder_layers = [
             EncoderLayer(**block, name=f"encoder_layer_{i}") for i in range(num_layers)
         ]
@@ -114,8 +118,12 @@ class Transformer(keras.Model):
             DecoderLayer(**block, name=f"decoder_layer_{i}") for i in range(num_layers)
         ]
         # Pre-LN stacks end with a LayerNorm; post-LN outputs are already normalized.
-        self.encoder_norm = layer_norm(layer_norm_epsilon, dtype, "encoder_norm") if norm_first else None
-        self.decoder_norm = layer_norm(layer_norm_epsilon, dtype, "decoder_norm") if norm_first else None
+        self.encoder_norm = (
+            layer_norm(layer_norm_epsilon, dtype, "encoder_norm") if norm_first else None
+        )
+        self.decoder_norm = (
+            layer_norm(layer_norm_epsilon, dtype, "decoder_norm") if norm_first else None
+        )
 
     @classmethod
     def from_preset(cls, preset, **kwargs):
@@ -200,7 +208,8 @@ class Transformer(keras.Model):
         source_ids = ops.cast(source_ids, "int32")
         encoder_outputs = self.encode(source_ids, training=False)  # (B, S, D)
         cross = [
-            layer.cross_attention.compute_key_value(encoder_outputs) for layer in self.decoder_layers
+            layer.cross_attention.compute_key_value(encoder_outputs)
+            for layer in self.decoder_layers
         ]
         cross_key = ops.stack([k for k, _ in cross], axis=1)  # (B, L, S, N, H)
         cross_value = ops.stack([v for _, v in cross], axis=1)

@@ -30,7 +30,9 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         if d_model <= 0:
             raise ValueError(f"d_model must be positive. Received: d_model={d_model}")
         if warmup_steps <= 0:
-            raise ValueError(f"warmup_steps must be positive. Received: warmup_steps={warmup_steps}")
+            raise ValueError(
+                f"warmup_steps must be positive. Received: warmup_steps={warmup_steps}"
+            )
         self.d_model = int(d_model)
         self.warmup_steps = int(warmup_steps)
         self.scale = float(scale)

@@ -80,9 +80,7 @@ class MultiHeadAttention(keras.layers.Layer):
     ):
         super().__init__(**kwargs)
         if num_heads <= 0 or d_model % num_heads != 0:
-            raise ValueError(
-                f"d_model={d_model} must be divisible by num_heads={num_heads}"
-            )
+            raise ValueError(f"d_model={d_model} must be divisible by num_heads={num_heads}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1). Received: dropout={dropout}")
         self.d_model = d_model

@@ -2,13 +2,11 @@
 
 import keras
 
-from keras_transformer.layers.attention import MultiHeadAttention
-from keras_transformer.layers.encoder import layer_norm, sublayer_connection
-from keras_transformer.layers.feed_forward import FeedForward
+from keras_transformer.layers.block import TransformerBlock
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class DecoderLayer(keras.layers.Layer):
+class DecoderLayer(TransformerBlock):
     """One decoder block: causal self-attention, cross-attention, feed-forward.
 
     Each sub-layer is wrapped as `LayerNorm(x + Dropout(Sublayer(x)))`
@@ -47,50 +45,10 @@ class DecoderLayer(keras.layers.Layer):
     (2, 3, 16)
     """
 
-    def __init__(
-        self,
-        d_model,
-        num_heads,
-        d_ff,
-        dropout=0.1,
-        attention_dropout=0.0,
-        norm_first=False,
-        layer_norm_epsilon=1e-6,
-        use_fused_attention=False,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1). Received: dropout={dropout}")
-        self.d_model = d_model
-        self.num_heads = num_heads
-        self.d_ff = d_ff
-        self.dropout = dropout
-        self.attention_dropout = attention_dropout
-        self.norm_first = norm_first
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.use_fused_attention = use_fused_attention
-        self.supports_masking = True
-
-        dtype = self.dtype_policy
-
-        def attention(name):
-            return MultiHeadAttention(
-                d_model,
-                num_heads,
-                dropout=attention_dropout,
-                use_fused_attention=use_fused_attention,
-                dtype=dtype,
-                name=name,
-            )
-
-        self.self_attention = attention("self_attention")
-        self.self_attention_norm = layer_norm(layer_norm_epsilon, dtype, "self_attention_norm")
-        self.cross_attention = attention("cross_attention")
-        self.cross_attention_norm = layer_norm(layer_norm_epsilon, dtype, "cross_attention_norm")
-        self.feed_forward = FeedForward(d_model, d_ff, dtype=dtype, name="feed_forward")
-        self.feed_forward_norm = layer_norm(layer_norm_epsilon, dtype, "feed_forward_norm")
-        self.dropout_layer = keras.layers.Dropout(dropout, dtype=dtype)
+    def __init__(self, d_model, num_heads, d_ff, **kwargs):
+        super().__init__(d_model, num_heads, d_ff, **kwargs)
+        self.cross_attention = self._attention("cross_attention")
+        self.cross_attention_norm = self._layer_norm("cross_attention_norm")
 
     def build(self, inputs_shape, encoder_outputs_shape=None):
         encoder_outputs_shape = encoder_outputs_shape or inputs_shape
@@ -101,9 +59,6 @@ class DecoderLayer(keras.layers.Layer):
         self.feed_forward.build(inputs_shape)
         self.feed_forward_norm.build(inputs_shape)
         self.built = True
-
-    def _connect(self, x, sublayer, norm, training):
-        return sublayer_connection(x, sublayer, norm, self.dropout_layer, self.norm_first, training)
 
     def call(
         self,
@@ -183,19 +138,3 @@ class DecoderLayer(keras.layers.Layer):
 
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
         return inputs_shape
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "d_model": self.d_model,
-                "num_heads": self.num_heads,
-                "d_ff": self.d_ff,
-                "dropout": self.dropout,
-                "attention_dropout": self.attention_dropout,
-                "norm_first": self.norm_first,
-                "layer_norm_epsilon": self.layer_norm_epsilon,
-                "use_fused_attention": self.use_fused_attention,
-            }
-        )
-        return config

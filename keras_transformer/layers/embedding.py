@@ -45,7 +45,8 @@ class TokenEmbedding(keras.layers.Layer):
         super().__init__(**kwargs)
         if vocab_size <= 0 or d_model <= 0:
             raise ValueError(
-                f"vocab_size and d_model must be positive. Received: vocab_size={vocab_size}, d_model={d_model}"
+                "vocab_size and d_model must be positive. "
+                f"Received: vocab_size={vocab_size}, d_model={d_model}"
             )
         self.vocab_size = vocab_size
         self.d_model = d_model
@@ -87,9 +88,7 @@ class TokenEmbedding(keras.layers.Layer):
                 "vocab_size": self.vocab_size,
                 "d_model": self.d_model,
                 "pad_id": self.pad_id,
-                "embeddings_initializer": keras.initializers.serialize(
-                    self.embeddings_initializer
-                ),
+                "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
             }
         )
         return config

@@ -2,23 +2,11 @@
 
 import keras
 
-from keras_transformer.layers.attention import MultiHeadAttention
-from keras_transformer.layers.feed_forward import FeedForward
-
-
-def layer_norm(epsilon, dtype, name):
-    return keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype, name=name)
-
-
-def sublayer_connection(x, sublayer, norm, dropout, norm_first, training):
-    """Post-LN `norm(x + dropout(f(x)))` (the paper) or pre-LN `x + dropout(f(norm(x)))`."""
-    if norm_first:
-        return x + dropout(sublayer(norm(x)), training=training)
-    return norm(x + dropout(sublayer(x), training=training))
+from keras_transformer.layers.block import TransformerBlock
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class EncoderLayer(keras.layers.Layer):
+class EncoderLayer(TransformerBlock):
     """One encoder block: self-attention and a feed-forward network.
 
     Each sub-layer is wrapped as `LayerNorm(x + Dropout(Sublayer(x)))`
@@ -53,45 +41,6 @@ class EncoderLayer(keras.layers.Layer):
     >>> classifier = keras.Model(inputs, outputs)
     """
 
-    def __init__(
-        self,
-        d_model,
-        num_heads,
-        d_ff,
-        dropout=0.1,
-        attention_dropout=0.0,
-        norm_first=False,
-        layer_norm_epsilon=1e-6,
-        use_fused_attention=False,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1). Received: dropout={dropout}")
-        self.d_model = d_model
-        self.num_heads = num_heads
-        self.d_ff = d_ff
-        self.dropout = dropout
-        self.attention_dropout = attention_dropout
-        self.norm_first = norm_first
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.use_fused_attention = use_fused_attention
-        self.supports_masking = True
-
-        dtype = self.dtype_policy
-        self.self_attention = MultiHeadAttention(
-            d_model,
-            num_heads,
-            dropout=attention_dropout,
-            use_fused_attention=use_fused_attention,
-            dtype=dtype,
-            name="self_attention",
-        )
-        self.self_attention_norm = layer_norm(layer_norm_epsilon, dtype, "self_attention_norm")
-        self.feed_forward = FeedForward(d_model, d_ff, dtype=dtype, name="feed_forward")
-        self.feed_forward_norm = layer_norm(layer_norm_epsilon, dtype, "feed_forward_norm")
-        self.dropout_layer = keras.layers.Dropout(dropout, dtype=dtype)
-
     def build(self, inputs_shape):
         self.self_attention.build(inputs_shape, inputs_shape)
         self.self_attention_norm.build(inputs_shape)
@@ -111,31 +60,11 @@ class EncoderLayer(keras.layers.Layer):
         def feed_forward(x):
             return self.feed_forward(x, training=training)
 
-        x = sublayer_connection(
-            inputs, attend, self.self_attention_norm, self.dropout_layer, self.norm_first, training
-        )  # (B, S, D)
-        return sublayer_connection(
-            x, feed_forward, self.feed_forward_norm, self.dropout_layer, self.norm_first, training
-        )  # (B, S, D)
+        x = self._connect(inputs, attend, self.self_attention_norm, training)  # (B, S, D)
+        return self._connect(x, feed_forward, self.feed_forward_norm, training)  # (B, S, D)
 
     def compute_mask(self, inputs, mask=None):
         return mask
 
     def compute_output_shape(self, inputs_shape):
         return inputs_shape
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "d_model": self.d_model,
-                "num_heads": self.num_heads,
-                "d_ff": self.d_ff,
-                "dropout": self.dropout,
-                "attention_dropout": self.attention_dropout,
-                "norm_first": self.norm_first,
-                "layer_norm_epsilon": self.layer_norm_epsilon,
-                "use_fused_attention": self.use_fused_attention,
-            }
-        )
-        return config

@@ -29,11 +29,19 @@ class FeedForward(keras.layers.Layer):
     """
 
     def __init__(
-        self, d_model, d_ff, activation="relu", dropout=0.0, kernel_initializer="glorot_uniform", **kwargs
+        self,
+        d_model,
+        d_ff,
+        activation="relu",
+        dropout=0.0,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
     ):
         super().__init__(**kwargs)
         if d_model <= 0 or d_ff <= 0:
-            raise ValueError(f"d_model and d_ff must be positive. Received: d_model={d_model}, d_ff={d_ff}")
+            raise ValueError(
+                f"d_model and d_ff must be positive. Received: d_model={d_model}, d_ff={d_ff}"
+            )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1). Received: dropout={dropout}")
         self.d_model = d_model

@@ -1,7 +1,7 @@
 """Boolean attention masks, combined in one place.
 
-    padding_mask:   (B, S)     True = real key token
-    attention_mask: (B, T, S)  True = query t may attend to key s
+padding_mask:   (B, S)     True = real key token
+attention_mask: (B, T, S)  True = query t may attend to key s
 """
 
 from keras import ops

@@ -41,14 +41,18 @@ class PositionalEncoding(keras.layers.Layer):
     def __init__(self, max_wavelength=10000.0, **kwargs):
         super().__init__(**kwargs)
         if max_wavelength <= 1:
-            raise ValueError(f"max_wavelength must be > 1. Received: max_wavelength={max_wavelength}")
+            raise ValueError(
+                f"max_wavelength must be > 1. Received: max_wavelength={max_wavelength}"
+            )
         self.max_wavelength = max_wavelength
         self.supports_masking = True
 
     def build(self, inputs_shape):
         d_model = inputs_shape[-1]
         if d_model is None or d_model % 2:
-            raise ValueError(f"PositionalEncoding needs an even feature size. Received: d_model={d_model}")
+            raise ValueError(
+                f"PositionalEncoding needs an even feature size. Received: d_model={d_model}"
+            )
         self.built = True
 
     def encoding(self, positions, d_model):
