@@ -241,6 +241,24 @@ def beam_search(
     return sequences, finished_scores
 
 
+def suppress_tokens(tokens_to_logits, token_ids):
+    """Wraps a step function so that it never predicts `token_ids` (e.g. PAD and BOS).
+
+    Neither is ever a training label after the first position, but nothing
+    stops an (under-trained) model from scoring them highest; a decoded PAD
+    would silently end the output, a BOS would restart it. fairseq does the same.
+    """
+    token_ids = tuple(int(i) for i in token_ids)
+
+    def step(tokens, cache):
+        logits, cache = tokens_to_logits(tokens, cache)  # (B, V)
+        vocab = ops.arange(ops.shape(logits)[-1], dtype="int32")[None, :]  # (1, V)
+        banned = ops.any(ops.stack([ops.equal(vocab, i) for i in token_ids]), axis=0)
+        return ops.where(banned, ops.cast(NEG_INF, logits.dtype), logits), cache
+
+    return step
+
+
 def output_limits(source_ids, max_extra_length=50, max_length=None, pad_id=0):
     """Output length limits: source length + `max_extra_length`, at most `max_length`.
 
@@ -296,10 +314,11 @@ def translate_ids(model, source_ids, beam_size=4, alpha=0.6, max_extra_length=50
     cache = model.init_cache(source_ids, buffer_length)
     start_ids = ops.zeros_like(source_ids[:, 0]) + config.bos_id  # (B,)
     search = dict(max_lengths=max_lengths, eos_id=config.eos_id, pad_id=config.pad_id)
+    step = suppress_tokens(model.decode_step, (config.pad_id, config.bos_id))
     if beam_size == 1:
-        return greedy_search(model.decode_step, cache, start_ids, buffer_length, **search)
+        return greedy_search(step, cache, start_ids, buffer_length, **search)
     sequences, _ = beam_search(
-        model.decode_step, cache, start_ids, buffer_length, beam_size=beam_size, alpha=alpha,
+        step, cache, start_ids, buffer_length, beam_size=beam_size, alpha=alpha,
         **search,
     )  # fmt: skip
     return sequences[:, 0]
@@ -381,7 +400,9 @@ def uncached_greedy_search(model, source_ids, max_extra_length=50, eos_id=None):
     finished = ops.zeros_like(source_ids[:, 0], dtype="bool")  # (B,)
     for step in range(int(buffer_length)):
         logits = model.decode(inputs[:, :-1], encoder_outputs, source_ids)  # (B, T, V)
-        next_ids = ops.cast(ops.argmax(logits[:, step], axis=-1), "int32")  # (B,)
+        banned = [config.pad_id, config.bos_id]
+        next_logits = suppress_tokens(lambda tokens, cache: (logits[:, step], cache), banned)
+        next_ids = ops.cast(ops.argmax(next_logits(None, None)[0], axis=-1), "int32")  # (B,)
         next_ids = ops.where(finished, config.pad_id, next_ids)
         inputs = _write(inputs, step + 1, next_ids)
         ended = ops.logical_or(ops.equal(next_ids, eos_id), step + 1 >= max_lengths)

@@ -214,6 +214,8 @@ class OnnxTranslator:
             "source_mask": cache["source_mask"],
         }
         logits, self_key, self_value = self.decoder_step.run(None, feeds)
+        # Never PAD or BOS, as `decoding.suppress_tokens`.
+        logits[:, [self.config["pad_id"], self.config["bos_id"]]] = NEG_INF
         cache = dict(cache, index=cache["index"] + 1, self_key=self_key, self_value=self_value)
         return logits, cache
 

@@ -38,13 +38,22 @@ def _env(**extra):
 
 
 def test_tiny_run_on_two_replicas_lowers_loss_and_writes_work_dir(corpus, tmp_path):
+    # A fresh process, as `python train.py` runs: TensorFlow's collective ops
+    # key their instances per process, and other MirroredStrategy tests in
+    # this one would collide with them.
     work_dir = str(tmp_path / "work")
-    info = training.run(
-        preset="tiny", data_dir=str(corpus), work_dir=work_dir, logical_devices=2,
-        epochs=3, steps=15, vocab_size=64, batch_tokens=256, warmup_steps=30,
-        validation_bleu_samples=10, test_samples=10, beam_size=2, export=False,
-    )  # fmt: skip
+    command = [
+        *_train_command(corpus, work_dir, epochs=3, steps=15),
+        "--logical-devices", "2", "--warmup-steps", "30", "--beam-size", "2",
+    ]  # fmt: skip
+    result = subprocess.run(
+        command, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=600
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    with open(os.path.join(work_dir, "run.json"), encoding="utf-8") as f:
+        info = json.load(f)
     assert info["training"]["num_replicas"] == 2
+    assert info["metrics"]["beam_size"] == 2
     losses = info["history"]["loss"]
     assert losses[-1] < losses[0]
     assert info["history"]["val_loss"][-1] < info["history"]["val_loss"][0]
