@@ -12,22 +12,35 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--preset", default="small", help="base | big | small | tiny (default small)")
-    parser.add_argument("--dataset", default="ding",
-                        help="'ding' (local dictionary) or a TFDS name, e.g. wmt14_translate/de-en")
+    parser.add_argument(
+        "--preset", default="small", help="base | big | small | tiny (default small)"
+    )
+    parser.add_argument(
+        "--dataset",
+        default="ding",
+        help="'ding' (local dictionary) or a TFDS name, e.g. wmt14_translate/de-en",
+    )
     parser.add_argument("--data-dir", help="folder of train.xx/train.yy, validation.*, test.* text")
-    parser.add_argument("--direction", help="source-target languages, e.g. de-en (default) or en-de")
+    parser.add_argument(
+        "--direction", help="source-target languages, e.g. de-en (default) or en-de"
+    )
     parser.add_argument("--epochs", type=int, help="epochs (default: per preset)")
     parser.add_argument("--steps", type=int, help="steps per epoch (default: per preset)")
     parser.add_argument("--batch-tokens", type=int, help="tokens per batch and side")
     parser.add_argument("--work-dir", default="work", help="output folder (default work/)")
     parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--vocab-size", type=int, help="shared BPE vocabulary size (default: preset)")
-    parser.add_argument("--logical-devices", type=int,
-                        help="split the CPU into N devices for MirroredStrategy")
+    parser.add_argument(
+        "--vocab-size", type=int, help="shared BPE vocabulary size (default: preset)"
+    )
+    parser.add_argument(
+        "--logical-devices", type=int, help="split the CPU into N devices for MirroredStrategy"
+    )
     parser.add_argument("--warmup-steps", type=int, help="learning-rate warm-up steps")
-    parser.add_argument("--max-train-minutes", type=float,
-                        help="stop after the first epoch that ends past this budget")
+    parser.add_argument(
+        "--max-train-minutes",
+        type=float,
+        help="stop after the first epoch that ends past this budget",
+    )
     parser.add_argument("--validation-bleu-samples", type=int, default=300)
     parser.add_argument("--test-samples", type=int, help="test pairs to decode (default all)")
     parser.add_argument("--beam-size", type=int, default=4)
@@ -37,7 +50,9 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     from keras_transformer.training import run
 
     run(**vars(args))

@@ -97,9 +97,7 @@ def measure(translate, sentences, batch_size, latency_sentences, throughput_batc
         start = time.perf_counter()
         translate([sentence])
         latencies.append(time.perf_counter() - start)
-    batches = [
-        sentences[i * batch_size : (i + 1) * batch_size] for i in range(throughput_batches)
-    ]
+    batches = [sentences[i * batch_size : (i + 1) * batch_size] for i in range(throughput_batches)]
     start = time.perf_counter()
     outputs = [t for batch in batches for t in translate(batch)]
     elapsed = time.perf_counter() - start
@@ -166,8 +164,10 @@ def main(argv=None):
 
     print(f"\nModel {name}: {onnx.config['num_layers']} layers, d_model {onnx.config['d_model']}, "
           f"vocab {onnx.config['vocab_size']}; threads per runtime: {args.threads}")  # fmt: skip
-    print("| search | SavedModel b=1 ms | ORT b=1 ms | ORT speed-up | SavedModel b=64 sent/s "
-          "| ORT b=64 sent/s | ORT speed-up | same outputs |")
+    print(
+        "| search | SavedModel b=1 ms | ORT b=1 ms | ORT speed-up | SavedModel b=64 sent/s "
+        "| ORT b=64 sent/s | ORT speed-up | same outputs |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     summary = {}
     for search in ("greedy", "beam 4"):

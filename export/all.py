@@ -1,6 +1,6 @@
 """Exports a trained work directory as a SavedModel and as ONNX graphs (one shared version).
 
-    python export/all.py --work-dir work          # what `python train.py` runs at the end
+python export/all.py --work-dir work          # what `python train.py` runs at the end
 """
 
 import os

@@ -17,14 +17,27 @@ import dataclasses
 import importlib.util
 import json
 import logging
-import math
 import os
 import time
 
 import keras
 import numpy as np
 
+from keras_transformer.callbacks import (
+    LearningRateLogger,
+    TerminateOnNaN,
+    TimeBudget,
+    ValidationBleu,
+    WallTime,
+)
 from keras_transformer.config import get_preset
+from keras_transformer.distribution import (
+    MultiWorkerTransformer,
+    is_chief_task,
+    is_multi_worker,
+    make_strategy,
+)
+from keras_transformer.evaluation import make_translate_fn, score
 from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
 from keras_transformer.model import Transformer
 from keras_transformer.schedules import TransformerSchedule
@@ -36,291 +49,13 @@ logger = logging.getLogger(__name__)
 TRAINING_DEFAULTS = {
     "small": dict(epochs=6, steps=250, batch_tokens=4096, warmup_steps=400, max_train_minutes=15.0),
     "tiny": dict(epochs=2, steps=20, batch_tokens=512, warmup_steps=50, max_train_minutes=None),
-    "base": dict(epochs=100, steps=1000, batch_tokens=25000, warmup_steps=4000, max_train_minutes=None),
-    "big": dict(epochs=300, steps=1000, batch_tokens=25000, warmup_steps=4000, max_train_minutes=None),
+    "base": dict(
+        epochs=100, steps=1000, batch_tokens=25000, warmup_steps=4000, max_train_minutes=None
+    ),
+    "big": dict(
+        epochs=300, steps=1000, batch_tokens=25000, warmup_steps=4000, max_train_minutes=None
+    ),
 }
-
-
-# --------------------------------------------------------------------------- distribution
-
-
-def _set_logical_cpus(count):
-    import tensorflow as tf
-
-    cpus = tf.config.list_physical_devices("CPU")
-    current = tf.config.get_logical_device_configuration(cpus[0])
-    if current is not None and len(current) == count:
-        return
-    try:
-        tf.config.set_logical_device_configuration(
-            cpus[0], [tf.config.LogicalDeviceConfiguration()] * count
-        )
-    except RuntimeError:
-        raise RuntimeError(
-            f"--logical-devices {count}: TensorFlow is already initialized with "
-            f"{len(tf.config.list_logical_devices('CPU'))} CPU device(s); split the CPU "
-            "before any TensorFlow op runs."
-        ) from None
-
-
-def make_strategy(logical_devices=None):
-    """The distribution for this process; returns `(strategy or None, description)`.
-
-    TensorFlow: `MultiWorkerMirroredStrategy` when `TF_CONFIG` is set,
-    otherwise `MirroredStrategy` over all local GPUs (the CPU when there is
-    none), or over `logical_devices` logical CPU devices. JAX:
-    `keras.distribution.DataParallel` over all devices. torch: none.
-    """
-    backend = keras.backend.backend()
-    if backend == "jax":
-        devices = keras.distribution.list_devices()
-        keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
-        return None, f"jax DataParallel over {len(devices)} device(s)"
-    if backend != "tensorflow":
-        return None, f"{backend}: single device"
-    import tensorflow as tf
-
-    if os.environ.get("TF_CONFIG"):
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
-        return strategy, f"MultiWorkerMirroredStrategy ({strategy.num_replicas_in_sync} replicas)"
-    if logical_devices:
-        if logical_devices < 1:
-            raise ValueError(f"logical_devices must be >= 1. Received: {logical_devices}")
-        _set_logical_cpus(logical_devices)
-        devices = [f"/cpu:{i}" for i in range(logical_devices)]
-        strategy = tf.distribute.MirroredStrategy(devices=devices)
-    else:
-        strategy = tf.distribute.MirroredStrategy()
-    devices = ", ".join(strategy.extended.worker_devices)
-    return strategy, f"MirroredStrategy over {strategy.num_replicas_in_sync} device(s): {devices}"
-
-
-def _is_multi_worker(strategy):
-    """True when `strategy` spans several workers (replicas outside this process)."""
-    return strategy is not None and strategy.num_replicas_in_sync > len(
-        strategy.extended.worker_devices
-    )
-
-
-@keras.saving.register_keras_serializable(package="keras_transformer")
-class MultiWorkerTransformer(Transformer):
-    """`Transformer` whose `fit` and `evaluate` run under `MultiWorkerMirroredStrategy`.
-
-    Keras 3.15's TensorFlow trainer fails there in two places
-    (keras-team/keras#20585, tensorflow/tensorflow#72388); both overrides act
-    only when the strategy spans several workers:
-
-    1. `fit`/`evaluate` start with `_maybe_symbolic_build`, which averages the
-       replicas' first batch with `strategy.reduce("MEAN", batch, axis=None)`
-       (keras/src/backend/tensorflow/trainer.py, `_maybe_symbolic_build`).
-       Across workers, `CollectiveAllReduce.reduce` calls `convert_to_tensor`
-       on the nested batch: "Attempt to convert a value (PerReplica...)".
-       Building needs only shapes and dtypes: this process's first replica's
-       batch is used instead (which also keeps the ids integer).
-    2. `reduce_per_replica(..., "auto")` reduces every log value with
-       `strategy.reduce("MEAN", value, axis=0)` in multi-worker mode, and
-       metric results are scalars: "Invalid reduction dimension 0 for input
-       with 0 dimensions". `train_step`/`test_step` return them with shape
-       (1,), so that the mean over axis 0 is the mean over replicas, a scalar.
-
-    Apart from these, it is a `Transformer` (same config and weights); its
-    `.keras` file loads where `keras_transformer.training` is imported
-    (`load_trained` does).
-    """
-
-    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        strategy = self.distribute_strategy
-        if iterator is not None and data_batch is None and _is_multi_worker(strategy):
-            for _, _, distributed_iterator in iterator:
-                data_batch = keras.tree.map_structure(
-                    lambda value: strategy.experimental_local_results(value)[0],
-                    next(distributed_iterator),
-                )
-                break
-            iterator = None
-        return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
-
-    def _logs_as_vectors(self, logs):
-        if not _is_multi_worker(self.distribute_strategy):
-            return logs
-        return keras.tree.map_structure(
-            lambda value: keras.ops.reshape(value, (1,)) if len(value.shape) == 0 else value, logs
-        )
-
-    def train_step(self, data):
-        return self._logs_as_vectors(super().train_step(data))
-
-    def test_step(self, data):
-        return self._logs_as_vectors(super().test_step(data))
-
-
-def _task():
-    """`(is_chief, task_id)` from `TF_CONFIG` (chief = worker 0 or the chief task)."""
-    config = json.loads(os.environ.get("TF_CONFIG") or "{}")
-    task = config.get("task", {})
-    task_type, task_id = task.get("type", "worker"), int(task.get("index", 0))
-    has_chief = "chief" in config.get("cluster", {})
-    is_chief = task_type == "chief" or (task_type == "worker" and task_id == 0 and not has_chief)
-    return is_chief, f"{task_type}_{task_id}"
-
-
-# --------------------------------------------------------------------------- translation
-
-
-def make_translate_fn(model, tokenizer, beam_size=1, alpha=0.6, batch_size=64):
-    """`translate(list of str) -> list of str` with the model's key/value cache.
-
-    Uses `keras_transformer.translator.Translator` when present, else
-    `decoding.compile_translate_ids` with batching done here.
-    """
-    try:
-        from keras_transformer.translator import Translator
-    except ImportError:
-        Translator = None
-    if Translator is not None:
-        translator = Translator(
-            model, tokenizer, beam_size=beam_size, alpha=alpha, batch_size=max(8, batch_size // beam_size)
-        )
-        return translator.translate
-    from keras_transformer import decoding
-
-    translate_ids = decoding.compile_translate_ids(model, beam_size=beam_size, alpha=alpha)
-    eos_id, pad_id = model.config.eos_id, model.config.pad_id
-    max_source = model.config.max_length - 1
-
-    def translate(texts):
-        texts = list(texts)
-        token_ids = tokenizer(texts)
-        if hasattr(token_ids, "to_list"):
-            token_ids = token_ids.to_list()
-        pieces = [list(ids[:max_source]) + [eos_id] for ids in token_ids]
-        order = np.argsort([len(p) for p in pieces], kind="stable")  # less padding
-        outputs = [None] * len(texts)
-        for start in range(0, len(order), batch_size):
-            rows = order[start : start + batch_size]
-            width = max(len(pieces[i]) for i in rows)
-            batch = np.full((len(rows), width), pad_id, dtype="int32")
-            for j, i in enumerate(rows):
-                batch[j, : len(pieces[i])] = pieces[i]
-            ids = keras.ops.convert_to_numpy(translate_ids(batch))
-            ids = np.where(np.cumsum(ids == eos_id, axis=1) > 0, pad_id, ids)  # cut at EOS
-            for j, text in enumerate(tokenizer.detokenize(ids)):
-                outputs[rows[j]] = _to_str(text)
-        return outputs
-
-    return translate
-
-
-def _to_str(text):
-    text = keras.ops.convert_to_numpy(text) if not isinstance(text, (str, bytes)) else text
-    if isinstance(text, np.ndarray):
-        text = text.item()
-    return text.decode("utf-8") if isinstance(text, bytes) else str(text)
-
-
-def score(hypotheses, references):
-    """sacreBLEU and chrF of `hypotheses` against one reference each."""
-    import sacrebleu
-
-    return {
-        "bleu": float(sacrebleu.corpus_bleu(hypotheses, [references]).score),
-        "chrf": float(sacrebleu.corpus_chrf(hypotheses, [references]).score),
-        "segments": len(hypotheses),
-    }
-
-
-# --------------------------------------------------------------------------- callbacks
-
-
-class ValidationBleu(keras.callbacks.Callback):
-    """Greedy-decodes a fixed validation sample after each epoch; logs `val_bleu`, `val_chrf`.
-
-    Put it before `TensorBoard` in the callback list so that TensorBoard
-    sees the values it adds to `logs`.
-    """
-
-    def __init__(self, pairs, tokenizer, every=1):
-        super().__init__()
-        self.sources = [s for s, _ in pairs]
-        self.references = [t for _, t in pairs]
-        self.tokenizer = tokenizer
-        self.every = every
-        self._translate = None
-
-    def on_epoch_end(self, epoch, logs=None):
-        if logs is None or not self.sources or (epoch + 1) % self.every:
-            return
-        if self._translate is None:
-            self._translate = make_translate_fn(self.model, self.tokenizer, beam_size=1)
-        start = time.time()
-        metrics = score(self._translate(self.sources), self.references)
-        logs["val_bleu"], logs["val_chrf"] = metrics["bleu"], metrics["chrf"]
-        logger.info(
-            "epoch %d: validation BLEU %.2f chrF %.2f on %d sentences (greedy, %.0fs)",
-            epoch + 1, metrics["bleu"], metrics["chrf"], metrics["segments"], time.time() - start,
-        )  # fmt: skip
-
-
-class LearningRateLogger(keras.callbacks.Callback):
-    """Adds the current learning rate to `logs` (for TensorBoard and the history)."""
-
-    def on_epoch_end(self, epoch, logs=None):
-        if logs is not None:
-            optimizer = self.model.optimizer
-            logs["learning_rate"] = float(
-                keras.ops.convert_to_numpy(optimizer.learning_rate)
-            )
-
-
-class TerminateOnNaN(keras.callbacks.TerminateOnNaN):
-    """`TerminateOnNaN` that says what to try next."""
-
-    def on_batch_end(self, batch, logs=None):
-        loss = (logs or {}).get("loss")
-        if loss is not None and not math.isfinite(float(loss)):
-            logger.error(
-                "Batch %d: the loss is %s; training stops. Try a lower learning rate (larger "
-                "--warmup-steps), fewer --batch-tokens, or --preset with norm_first=True.",
-                batch, loss,
-            )  # fmt: skip
-        super().on_batch_end(batch, logs)
-
-
-class TimeBudget(keras.callbacks.Callback):
-    """Stops training after the first step that ends past `minutes` of training.
-
-    Keras still runs that epoch's validation and `on_epoch_end` callbacks.
-    """
-
-    def __init__(self, minutes):
-        super().__init__()
-        self.seconds = minutes * 60.0
-        self.start = None
-        self.stopped = False
-
-    def on_train_begin(self, logs=None):
-        self.start = time.time()
-
-    def on_train_batch_end(self, batch, logs=None):
-        if not self.stopped and time.time() - self.start >= self.seconds:
-            self.stopped = True
-            self.model.stop_training = True
-            logger.info("Time budget of %.1f minutes reached; training stops.", self.seconds / 60)
-
-
-class WallTime(keras.callbacks.Callback):
-    """Measures the time spent in training steps (validation excluded) and the steps run."""
-
-    def __init__(self):
-        super().__init__()
-        self.seconds, self.steps, self._start = 0.0, 0, None
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self._start = time.time()
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.seconds += time.time() - self._start
-        self.steps += 1
 
 
 # --------------------------------------------------------------------------- the run
@@ -331,20 +66,6 @@ def _build(model, config):
     otherwise build it from an averaged, float first batch)."""
     ids = np.array([[5, 6, config.eos_id]], dtype="int32")
     model({"source_ids": ids, "target_ids": ids}, training=False)
-
-
-def export_after_training(work_dir, run_info):
-    """Hook: exports the trained model when `keras_transformer.export` provides
-    `export_after_training(work_dir, run_info)`; otherwise does nothing."""
-    try:
-        from keras_transformer import export
-    except ImportError:
-        return None
-    hook = getattr(export, "export_after_training", None)
-    if hook is None:
-        logger.info("keras_transformer.export has no export_after_training(); skipping export.")
-        return None
-    return hook(work_dir, run_info)
 
 
 def run(
@@ -413,7 +134,7 @@ def run(
     num_replicas = strategy.num_replicas_in_sync if strategy is not None else 1
     logger.info("Distribution: %s", strategy_description)
 
-    is_chief, task_name = _task()
+    is_chief, task_name = is_chief_task()
     # In a multi-worker run only the chief writes `work_dir`; the others write
     # beside it so that their checkpoints and backups never collide.
     out_dir = work_dir if is_chief else os.path.join(work_dir, "workers", task_name)
@@ -436,7 +157,9 @@ def run(
         os.path.join(out_dir, "vocab.model"), data.splits["train"], config.vocab_size
     )
 
-    common = dict(max_length=config.max_length, batch_tokens=batch_tokens, num_replicas=num_replicas)
+    common = dict(
+        max_length=config.max_length, batch_tokens=batch_tokens, num_replicas=num_replicas
+    )
     train_ds = make_dataset(data.splits["train"], tokenizer, training=True, seed=seed, **common)
     val_ds = make_dataset(data.splits["validation"], tokenizer, training=False, **common)
     batch_stats = batch_statistics(train_ds, num_batches=20)
@@ -449,7 +172,7 @@ def run(
 
     scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
     with scope:
-        model_class = MultiWorkerTransformer if _is_multi_worker(strategy) else Transformer
+        model_class = MultiWorkerTransformer if is_multi_worker(strategy) else Transformer
         model = model_class(**dataclasses.asdict(config))
         _build(model, config)
         schedule = TransformerSchedule(config.d_model, warmup_steps=warmup_steps)
@@ -479,7 +202,9 @@ def run(
     if keras.backend.backend() != "tensorflow" or importlib.util.find_spec("tensorboard"):
         callbacks.append(keras.callbacks.TensorBoard(os.path.join(out_dir, "logs")))
     else:
-        logger.warning("TensorBoard is not installed (`pip install tensorboard`); no logs/ written.")
+        logger.warning(
+            "TensorBoard is not installed (`pip install tensorboard`); no logs/ written."
+        )
     if time_budget is not None:
         callbacks.append(time_budget)
     history = model.fit(
@@ -554,11 +279,14 @@ def run(
         "samples": samples,
     }
     if is_chief:
-        model.save(os.path.join(out_dir, "model.keras"))
+        plain = model.as_transformer() if isinstance(model, MultiWorkerTransformer) else model
+        plain.save(os.path.join(out_dir, "model.keras"))
         with open(os.path.join(out_dir, "run.json"), "w", encoding="utf-8") as f:
             json.dump(run_info, f, indent=2, ensure_ascii=False)
     _report(run_info)
     if export and is_chief:
+        from keras_transformer.export import export_after_training
+
         export_after_training(out_dir, run_info)
     return run_info
 
@@ -571,17 +299,21 @@ def _report(run_info):
     ]
     if "test_sentences" in metrics:
         m = metrics["test_sentences"]
-        lines.append(f"Test, full sentences only ({m['segments']}): BLEU {m['bleu']:.2f}  chrF {m['chrf']:.2f}")
+        lines.append(
+            f"Test, full sentences only ({m['segments']}): "
+            f"BLEU {m['bleu']:.2f}  chrF {m['chrf']:.2f}"
+        )
     if metrics["val_loss"] is not None:
         lines.append(f"Final validation loss {metrics['val_loss']:.3f}")
     lines.append(
         f"Training {metrics['train_seconds'] / 60:.1f} min, {metrics['train_steps']} steps, "
-        f"{metrics['tokens_per_second']:.0f} tokens/s; whole run {metrics['wall_seconds'] / 60:.1f} min"
+        f"{metrics['tokens_per_second']:.0f} tokens/s; "
+        f"whole run {metrics['wall_seconds'] / 60:.1f} min"
     )
     for sample in run_info["samples"]:
-        lines.append(
-            f"  {sample['source']}\n    -> {sample['translation']}\n    (reference: {sample['reference']})"
-        )
+        lines.append(f"  {sample['source']}")
+        lines.append(f"    -> {sample['translation']}")
+        lines.append(f"    (reference: {sample['reference']})")
     print("\n".join(lines), flush=True)
 
 
@@ -592,7 +324,9 @@ def load_trained(work_dir):
 
     path = os.path.join(work_dir, "model.keras")
     if not os.path.exists(path):
-        raise FileNotFoundError(f"No trained model at {path}; run `python train.py --work-dir {work_dir}`.")
+        raise FileNotFoundError(
+            f"No trained model at {path}; run `python train.py --work-dir {work_dir}`."
+        )
     model = keras.saving.load_model(path, compile=False)
     tokenizer = load_tokenizer(os.path.join(work_dir, "vocab.model"))
     with open(os.path.join(work_dir, "run.json"), encoding="utf-8") as f:

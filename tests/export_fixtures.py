@@ -135,7 +135,7 @@ def keras_translations(work_dir, sentences, beam_size):
         try:
             from keras_transformer.translator import Translator
         except ImportError:  # translator.py not merged yet: the training helper's path
-            from keras_transformer.training import make_translate_fn
+            from keras_transformer.evaluation import make_translate_fn
 
             translate = make_translate_fn(model, tokenizer, beam_size=beam_size, alpha=0.6)
         else:

@@ -9,12 +9,12 @@ from translation_fixtures import number_pairs, write_parallel_folder
 
 from keras_transformer.data import (
     bucket_sizes,
+    ding,
     get_tokenizer,
     load_tokenizer,
     load_translation_data,
     make_dataset,
 )
-from keras_transformer.data import ding
 from keras_transformer.data.ding_builder import DingDeEn
 
 # Ding-format lines covering annotations, `|` alignment, `;` synonyms and placeholders.
@@ -51,7 +51,9 @@ def test_parse_line_strips_annotations_aligns_and_expands_placeholders():
 
 
 def test_parse_line_synonym_product():
-    entry = ding.parse_line("kaputt {adj}; hinüber [ugs.] :: broken; bust [Am.]", synonyms="product")
+    entry = ding.parse_line(
+        "kaputt {adj}; hinüber [ugs.] :: broken; bust [Am.]", synonyms="product"
+    )
     assert entry.pairs == [
         ("kaputt", "broken"), ("kaputt", "bust"), ("hinüber", "broken"), ("hinüber", "bust")
     ]  # fmt: skip
@@ -181,7 +183,9 @@ def test_tfds_dataset_by_name_with_a_fake_registry(tmp_path, monkeypatch):
     data = load_translation_data("fake_translate/de-en", tfds_data_dir=tfds_dir)
     assert (data.source_language, data.target_language) == ("de", "en")
     assert data.info["name"] == "fake_translate/de-en"
-    flipped = load_translation_data("fake_translate/de-en", direction="en-de", tfds_data_dir=tfds_dir)
+    flipped = load_translation_data(
+        "fake_translate/de-en", direction="en-de", tfds_data_dir=tfds_dir
+    )
     assert (flipped.source_language, flipped.target_language) == ("en", "de")
     assert flipped.pairs("test") == [(e, g) for g, e in data.pairs("test")]
     found = [p for split in ("train", "validation", "test") for p in data.pairs(split)]
@@ -192,7 +196,9 @@ def test_tfds_dataset_by_name_with_a_fake_registry(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def corpus_folder(tmp_path_factory):
-    folder = write_parallel_folder(tmp_path_factory.mktemp("corpus") / "numbers", sizes=(300, 30, 30))
+    folder = write_parallel_folder(
+        tmp_path_factory.mktemp("corpus") / "numbers", sizes=(300, 30, 30)
+    )
     data = load_translation_data(data_dir=str(folder))
     get_tokenizer(str(folder / "vocab.model"), data.splits["train"], vocab_size=64)
     return folder
@@ -239,7 +245,9 @@ def test_batches_respect_token_budget_and_shift_targets(corpus, num_replicas):
         source_lengths = (source != 0).sum(axis=1)
         assert (source[np.arange(size), source_lengths - 1] == 3).all()  # ends with EOS
         assert (target[:, 0] == 2).all()  # starts with BOS
-        np.testing.assert_array_equal(target[:, 1:], np.where(labels[:, :-1] == 3, 0, labels[:, :-1]))
+        np.testing.assert_array_equal(
+            target[:, 1:], np.where(labels[:, :-1] == 3, 0, labels[:, :-1])
+        )
 
 
 def test_bucket_sizes_reject_budget_below_longest_pair():

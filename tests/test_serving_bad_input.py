@@ -58,7 +58,7 @@ def test_saved_model_empty_batch(serve):
 
 def test_saved_model_very_long_sentence_is_truncated(serve):
     """10,000 words: truncated to the model's max_length, translated in bounded time."""
-    long_output, = serve([LONG])
+    (long_output,) = serve([LONG])
     truncated = " ".join(LONG.split()[:40])
     assert long_output == serve([truncated])[0]
 

@@ -3,7 +3,7 @@
 The Ding dictionary (https://dict.tu-chemnitz.de/, GPL-2+, Debian package
 `trans-de-en`) has one entry per line:
 
-    Abfahrt {f} /Abf./ | Abfahrten {pl} | zur Abfahrt bereitstehen :: departure /dep./ | departures | to be ready to depart
+    Abfahrt {f} /Abf./ | Abfahrten {pl} :: departure /dep./ | departures
 
 `::` separates German from English; `|` separates sub-entries that align one
 to one (a headword, its plural, idioms, example sentences); `;` separates
@@ -98,7 +98,7 @@ def parse_line(line, synonyms="first"):
     if len(german_parts) != len(english_parts):
         return None
     pairs, headword = [], None
-    for german_part, english_part in zip(german_parts, english_parts):
+    for german_part, english_part in zip(german_parts, english_parts, strict=True):
         german_synonyms = [s for s in (clean_phrase(t) for t in german_part.split(";")) if s]
         english_synonyms = [s for s in (clean_phrase(t) for t in english_part.split(";")) if s]
         if not german_synonyms or not english_synonyms:
@@ -126,7 +126,8 @@ def read_entries(path=DEFAULT_CORPUS_PATH, synonyms="first"):
     entries = [entry for entry in (parse_line(line, synonyms) for line in lines) if entry]
     if not entries:
         raise ValueError(
-            f"No `german :: english` entries could be parsed from {path}; is it the Ding dictionary?"
+            f"No `german :: english` entries could be parsed from {path}; "
+            "is it the Ding dictionary?"
         )
     return entries
 

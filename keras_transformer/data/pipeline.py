@@ -22,8 +22,34 @@ import tensorflow as tf
 logger = logging.getLogger(__name__)
 
 # Dictionary phrases are mostly 2-8 pieces long: fine buckets there keep padding low.
-_BOUNDARIES = (3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 64, 80, 96, 128, 160,
-               192, 256, 384, 512)
+_BOUNDARIES = (
+    3,
+    4,
+    5,
+    6,
+    7,
+    8,
+    9,
+    10,
+    12,
+    14,
+    16,
+    20,
+    24,
+    28,
+    32,
+    40,
+    48,
+    64,
+    80,
+    96,
+    128,
+    160,
+    192,
+    256,
+    384,
+    512,
+)
 
 
 def bucket_sizes(max_length, batch_tokens, num_replicas=1):
@@ -41,7 +67,10 @@ def bucket_sizes(max_length, batch_tokens, num_replicas=1):
         )
     boundaries = [b for b in _BOUNDARIES if b <= max_length]
     longest = [b - 1 for b in boundaries] + [max_length]
-    sizes = [max(num_replicas, batch_tokens // length // num_replicas * num_replicas) for length in longest]
+    sizes = [
+        max(num_replicas, batch_tokens // length // num_replicas * num_replicas)
+        for length in longest
+    ]
     return boundaries, sizes
 
 

@@ -79,7 +79,7 @@ def _from_folder(folder, direction):
     flip = (source, target) != languages
     splits = {}
     for split, split_pairs in pairs.items():
-        first, second = zip(*split_pairs)
+        first, second = zip(*split_pairs, strict=True)
         sources, targets = (second, first) if flip else (first, second)
         splits[split] = tf.data.Dataset.from_tensor_slices((list(sources), list(targets)))
     info = {
@@ -110,7 +110,9 @@ def load_translation_data(
         from keras_transformer.data import ding
         from keras_transformer.data.ding_builder import DingDeEn
 
-        builder = DingDeEn(corpus_path=ding_path or ding.DEFAULT_CORPUS_PATH, data_dir=tfds_data_dir)
+        builder = DingDeEn(
+            corpus_path=ding_path or ding.DEFAULT_CORPUS_PATH, data_dir=tfds_data_dir
+        )
         data = _from_tfds_builder(builder, "ding", direction)
         data.info["sentences"] = _count_sentences(data)
         return data

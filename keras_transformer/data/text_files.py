@@ -64,12 +64,16 @@ def read_parallel_split(folder, split, languages):
             f"Parallel files have different line counts: {paths[0]} has {len(first)} lines, "
             f"{paths[1]} has {len(second)} lines."
         )
-    pairs = [(a.strip(), b.strip()) for a, b in zip(first, second)]
+    pairs = [(a.strip(), b.strip()) for a, b in zip(first, second, strict=True)]
     kept = [(a, b) for a, b in pairs if a and b]
     if len(kept) != len(pairs):
         logger.warning(
             "%s/%s.{%s}: skipped %d of %d line pairs with an empty side.",
-            folder, split, ",".join(languages), len(pairs) - len(kept), len(pairs),
+            folder,
+            split,
+            ",".join(languages),
+            len(pairs) - len(kept),
+            len(pairs),
         )
     if not kept:
         raise ValueError(f"{paths[0]} and {paths[1]} hold no non-empty line pairs.")

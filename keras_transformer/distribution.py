@@ -1,0 +1,140 @@
+"""Distribution strategies for `model.fit`: one machine, several workers, JAX.
+
+`make_strategy()` picks `MirroredStrategy` over all local GPUs (the CPU when
+there is none, optionally split into logical devices),
+`MultiWorkerMirroredStrategy` when `TF_CONFIG` is set, and
+`keras.distribution.DataParallel` under JAX.
+"""
+
+import json
+import os
+
+import keras
+
+from keras_transformer.model import Transformer
+
+
+def _set_logical_cpus(count):
+    import tensorflow as tf
+
+    cpus = tf.config.list_physical_devices("CPU")
+    current = tf.config.get_logical_device_configuration(cpus[0])
+    if current is not None and len(current) == count:
+        return
+    try:
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration()] * count
+        )
+    except RuntimeError:
+        raise RuntimeError(
+            f"--logical-devices {count}: TensorFlow is already initialized with "
+            f"{len(tf.config.list_logical_devices('CPU'))} CPU device(s); split the CPU "
+            "before any TensorFlow op runs."
+        ) from None
+
+
+def make_strategy(logical_devices=None):
+    """The distribution for this process; returns `(strategy or None, description)`.
+
+    TensorFlow: `MultiWorkerMirroredStrategy` when `TF_CONFIG` is set,
+    otherwise `MirroredStrategy` over all local GPUs (the CPU when there is
+    none), or over `logical_devices` logical CPU devices. JAX:
+    `keras.distribution.DataParallel` over all devices. torch: none.
+    """
+    backend = keras.backend.backend()
+    if backend == "jax":
+        devices = keras.distribution.list_devices()
+        keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
+        return None, f"jax DataParallel over {len(devices)} device(s)"
+    if backend != "tensorflow":
+        return None, f"{backend}: single device"
+    import tensorflow as tf
+
+    if os.environ.get("TF_CONFIG"):
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        return strategy, f"MultiWorkerMirroredStrategy ({strategy.num_replicas_in_sync} replicas)"
+    if logical_devices:
+        if logical_devices < 1:
+            raise ValueError(f"logical_devices must be >= 1. Received: {logical_devices}")
+        _set_logical_cpus(logical_devices)
+        devices = [f"/cpu:{i}" for i in range(logical_devices)]
+        strategy = tf.distribute.MirroredStrategy(devices=devices)
+    else:
+        strategy = tf.distribute.MirroredStrategy()
+    devices = ", ".join(strategy.extended.worker_devices)
+    return strategy, f"MirroredStrategy over {strategy.num_replicas_in_sync} device(s): {devices}"
+
+
+def is_multi_worker(strategy):
+    """True when `strategy` spans several workers (replicas outside this process)."""
+    return strategy is not None and strategy.num_replicas_in_sync > len(
+        strategy.extended.worker_devices
+    )
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MultiWorkerTransformer(Transformer):
+    """`Transformer` whose `fit` and `evaluate` run under `MultiWorkerMirroredStrategy`.
+
+    Keras 3.15's TensorFlow trainer fails there in two places
+    (keras-team/keras#20585, tensorflow/tensorflow#72388); both overrides act
+    only when the strategy spans several workers:
+
+    1. `fit`/`evaluate` start with `_maybe_symbolic_build`, which averages the
+       replicas' first batch with `strategy.reduce("MEAN", batch, axis=None)`
+       (keras/src/backend/tensorflow/trainer.py, `_maybe_symbolic_build`).
+       Across workers, `CollectiveAllReduce.reduce` calls `convert_to_tensor`
+       on the nested batch: "Attempt to convert a value (PerReplica...)".
+       Building needs only shapes and dtypes: this process's first replica's
+       batch is used instead (which also keeps the ids integer).
+    2. `reduce_per_replica(..., "auto")` reduces every log value with
+       `strategy.reduce("MEAN", value, axis=0)` in multi-worker mode, and
+       metric results are scalars: "Invalid reduction dimension 0 for input
+       with 0 dimensions". `train_step`/`test_step` return them with shape
+       (1,), so that the mean over axis 0 is the mean over replicas, a scalar.
+
+    Apart from these, it is a `Transformer` (same config and weights);
+    `as_transformer()` returns the plain model that `train.py` saves.
+    """
+
+    def as_transformer(self):
+        """A plain `Transformer` with this model's config and weights."""
+        model = Transformer.from_config(self.get_config())
+        model.build()
+        model.set_weights(self.get_weights())
+        return model
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        strategy = self.distribute_strategy
+        if iterator is not None and data_batch is None and is_multi_worker(strategy):
+            for _, _, distributed_iterator in iterator:
+                data_batch = keras.tree.map_structure(
+                    lambda value: strategy.experimental_local_results(value)[0],
+                    next(distributed_iterator),
+                )
+                break
+            iterator = None
+        return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+
+    def _logs_as_vectors(self, logs):
+        if not is_multi_worker(self.distribute_strategy):
+            return logs
+        return keras.tree.map_structure(
+            lambda value: keras.ops.reshape(value, (1,)) if len(value.shape) == 0 else value, logs
+        )
+
+    def train_step(self, data):
+        return self._logs_as_vectors(super().train_step(data))
+
+    def test_step(self, data):
+        return self._logs_as_vectors(super().test_step(data))
+
+
+def is_chief_task():
+    """`(is_chief, task_id)` from `TF_CONFIG` (chief = worker 0 or the chief task)."""
+    config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    task = config.get("task", {})
+    task_type, task_id = task.get("type", "worker"), int(task.get("index", 0))
+    has_chief = "chief" in config.get("cluster", {})
+    is_chief = task_type == "chief" or (task_type == "worker" and task_id == 0 and not has_chief)
+    return is_chief, f"{task_type}_{task_id}"
