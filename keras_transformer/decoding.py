@@ -252,11 +252,16 @@ def suppress_tokens(tokens_to_logits, token_ids):
 
     def step(tokens, cache):
         logits, cache = tokens_to_logits(tokens, cache)  # (B, V)
-        vocab = ops.arange(ops.shape(logits)[-1], dtype="int32")[None, :]  # (1, V)
-        banned = ops.any(ops.stack([ops.equal(vocab, i) for i in token_ids]), axis=0)
-        return ops.where(banned, ops.cast(NEG_INF, logits.dtype), logits), cache
+        return _suppress(logits, token_ids), cache
 
     return step
+
+
+def _suppress(logits, token_ids):
+    """`(B, V)` logits with the columns `token_ids` set to NEG_INF."""
+    vocab = ops.arange(ops.shape(logits)[-1], dtype="int32")[None, :]  # (1, V)
+    banned = ops.any(ops.stack([ops.equal(vocab, i) for i in token_ids]), axis=0)
+    return ops.where(banned, ops.cast(NEG_INF, logits.dtype), logits)
 
 
 def output_limits(source_ids, max_extra_length=50, max_length=None, pad_id=0):
@@ -400,9 +405,8 @@ def uncached_greedy_search(model, source_ids, max_extra_length=50, eos_id=None):
     finished = ops.zeros_like(source_ids[:, 0], dtype="bool")  # (B,)
     for step in range(int(buffer_length)):
         logits = model.decode(inputs[:, :-1], encoder_outputs, source_ids)  # (B, T, V)
-        banned = [config.pad_id, config.bos_id]
-        next_logits = suppress_tokens(lambda tokens, cache: (logits[:, step], cache), banned)
-        next_ids = ops.cast(ops.argmax(next_logits(None, None)[0], axis=-1), "int32")  # (B,)
+        next_logits = _suppress(logits[:, step], (config.pad_id, config.bos_id))  # (B, V)
+        next_ids = ops.cast(ops.argmax(next_logits, axis=-1), "int32")  # (B,)
         next_ids = ops.where(finished, config.pad_id, next_ids)
         inputs = _write(inputs, step + 1, next_ids)
         ended = ops.logical_or(ops.equal(next_ids, eos_id), step + 1 >= max_lengths)

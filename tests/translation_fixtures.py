@@ -19,7 +19,9 @@ def number_pairs(count, seed=0, max_words=6):
 def write_parallel_folder(folder, sizes=(400, 40, 40), seed=0):
     """Writes train/validation/test .de/.en files of number sentences into `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
-    for offset, (split, size) in enumerate(zip(("train", "validation", "test"), sizes, strict=True)):
+    for offset, (split, size) in enumerate(
+        zip(("train", "validation", "test"), sizes, strict=True)
+    ):
         pairs = number_pairs(size, seed=seed + offset)
         (folder / f"{split}.de").write_text("".join(g + "\n" for g, _ in pairs), encoding="utf-8")
         (folder / f"{split}.en").write_text("".join(e + "\n" for _, e in pairs), encoding="utf-8")
