@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 # Per-preset training defaults; command-line options override them. `small`
 # fits ~15 minutes of training on a 2-core CPU (see README for measured numbers).
 TRAINING_DEFAULTS = {
-    "small": dict(epochs=6, steps=250, batch_tokens=4096, warmup_steps=400, max_train_minutes=15.0),
+    "small": dict(epochs=10, steps=400, batch_tokens=2048, warmup_steps=500, max_train_minutes=15.0),
     "tiny": dict(epochs=2, steps=20, batch_tokens=512, warmup_steps=50, max_train_minutes=None),
     "base": dict(
         epochs=100, steps=1000, batch_tokens=25000, warmup_steps=4000, max_train_minutes=None
