@@ -33,7 +33,6 @@ def train_vocabulary(train_pairs, path, vocab_size, max_sentences=300_000):
         vocabulary_size=vocab_size,
         model_type="bpe",
         proto_output_file=temporary,
-        minloglevel=2,  # SentencePiece otherwise prints its whole trainer spec and every merge
     )
     os.replace(temporary, path)  # atomic: a concurrent reader never sees half a file
     logger.info("Trained a %d-piece BPE vocabulary: %s", vocab_size, path)
