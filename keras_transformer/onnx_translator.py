@@ -214,8 +214,6 @@ class OnnxTranslator:
             "source_mask": cache["source_mask"],
         }
         logits, self_key, self_value = self.decoder_step.run(None, feeds)
-        # Never PAD or BOS, as `decoding.suppress_tokens`.
-        logits[:, [self.config["pad_id"], self.config["bos_id"]]] = NEG_INF
         cache = dict(cache, index=cache["index"] + 1, self_key=self_key, self_value=self_value)
         return logits, cache
 
@@ -248,10 +246,17 @@ class OnnxTranslator:
         }
         start_ids = np.full(batch_size, cfg["bos_id"], np.int32)
         search = dict(max_lengths=max_lengths, eos_id=cfg["eos_id"], pad_id=cfg["pad_id"])
+        banned = [cfg["pad_id"], cfg["bos_id"]]
+
+        def step(token_ids, cache):  # never PAD or BOS, as `decoding.suppress_tokens`
+            logits, cache = self._step(token_ids, cache)
+            logits[:, banned] = NEG_INF
+            return logits, cache
+
         if beam_size == 1:
-            return greedy_search(self._step, cache, start_ids, buffer_length, **search)
+            return greedy_search(step, cache, start_ids, buffer_length, **search)
         return beam_search(
-            self._step, cache, start_ids, buffer_length, beam_size=beam_size, alpha=alpha,
+            step, cache, start_ids, buffer_length, beam_size=beam_size, alpha=alpha,
             reorder=("index", "self_key", "self_value"), **search,
         )  # fmt: skip
 
