@@ -42,7 +42,9 @@ def parse_args(argv=None):
         help="stop after the first epoch that ends past this budget",
     )
     parser.add_argument("--validation-bleu-samples", type=int, default=300)
-    parser.add_argument("--test-samples", type=int, help="test pairs to decode (default all)")
+    parser.add_argument(
+        "--test-samples", type=int, help="test pairs to decode (default: 1000 for small; 0: all)"
+    )
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--no-export", dest="export", action="store_false")
     return parser.parse_args(argv)
