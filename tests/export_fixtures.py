@@ -132,14 +132,9 @@ def keras_translations(work_dir, sentences, beam_size):
     key = ("translations", work_dir, beam_size, tuple(sentences))
     if key not in _CACHE:
         model, tokenizer, _ = loaded_work_dir(work_dir)
-        try:
-            from keras_transformer.translator import Translator
-        except ImportError:  # translator.py not merged yet: the training helper's path
-            from keras_transformer.evaluation import make_translate_fn
+        from keras_transformer.translator import Translator
 
-            translate = make_translate_fn(model, tokenizer, beam_size=beam_size, alpha=0.6)
-        else:
-            translate = Translator(model, tokenizer, beam_size=beam_size, alpha=0.6).translate
+        translate = Translator(model, tokenizer, beam_size=beam_size, alpha=0.6).translate
         _CACHE[key] = list(translate(list(sentences)))
     return _CACHE[key]
 
