@@ -37,6 +37,11 @@ def parse_args(argv=None):
     )
     parser.add_argument("--warmup-steps", type=int, help="learning-rate warm-up steps")
     parser.add_argument(
+        "--learning-rate-scale",
+        type=float,
+        help="multiplier of the paper's learning-rate curve (1.0 in the paper)",
+    )
+    parser.add_argument(
         "--max-train-minutes",
         type=float,
         help="stop after the first epoch that ends past this budget",

@@ -358,10 +358,11 @@ def matmul_seconds(size=2048, dtype="float32", repeats=3):
         import tensorflow as tf
 
         matmul = tf.function(ops.matmul)
-    ops.convert_to_numpy(matmul(a, b)[0, 0])  # warm-up / compile
+    # NumPy has no bfloat16: read the result back as float32.
+    ops.convert_to_numpy(ops.cast(matmul(a, b)[0, 0], "float32"))  # warm-up / compile
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        ops.convert_to_numpy(matmul(a, b)[0, 0])
+        ops.convert_to_numpy(ops.cast(matmul(a, b)[0, 0], "float32"))
         times.append(time.perf_counter() - start)
     return median(times)

@@ -90,6 +90,7 @@ def run(
     vocab_size=None,
     logical_devices=None,
     warmup_steps=None,
+    learning_rate_scale=None,
     max_train_minutes=None,
     validation_bleu_samples=300,
     test_samples=None,
@@ -112,6 +113,7 @@ def run(
         vocab_size: size of the shared BPE vocabulary (None: the preset's).
         logical_devices: split the CPU into this many devices for MirroredStrategy.
         warmup_steps: of `TransformerSchedule`.
+        learning_rate_scale: `scale` of `TransformerSchedule` (1.0 in the paper).
         max_train_minutes: stop after the first epoch that ends past this budget.
         validation_bleu_samples: validation pairs decoded (greedy) after each epoch.
         test_samples: test pairs decoded (beam search) at the end; None: the
@@ -136,6 +138,7 @@ def run(
     steps = steps or defaults["steps"]
     batch_tokens = batch_tokens or defaults["batch_tokens"]
     warmup_steps = warmup_steps or defaults["warmup_steps"]
+    learning_rate_scale = learning_rate_scale or defaults.get("learning_rate_scale", 1.0)
     if max_train_minutes is None:
         max_train_minutes = defaults["max_train_minutes"]
     keras.utils.set_random_seed(seed)
@@ -185,7 +188,9 @@ def run(
         model_class = MultiWorkerTransformer if is_multi_worker(strategy) else Transformer
         model = model_class(**dataclasses.asdict(config))
         _build(model, config)
-        schedule = TransformerSchedule(config.d_model, warmup_steps=warmup_steps)
+        schedule = TransformerSchedule(
+            config.d_model, warmup_steps=warmup_steps, scale=learning_rate_scale
+        )
         optimizer = keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9)
         model.compile(
             optimizer=optimizer,
@@ -265,6 +270,7 @@ def run(
             "steps_per_epoch": steps,
             "batch_tokens": batch_tokens,
             "warmup_steps": warmup_steps,
+            "learning_rate_scale": learning_rate_scale,
             "max_train_minutes": max_train_minutes,
             "seed": seed,
             "distribution": strategy_description,
