@@ -42,6 +42,11 @@ def parse_args(argv=None):
         help="multiplier of the paper's learning-rate curve (1.0 in the paper)",
     )
     parser.add_argument(
+        "--dtype-policy",
+        choices=["float32", "mixed_bfloat16", "mixed_float16"],
+        help="precision of training (mixed: float32 variables, saved model is float32)",
+    )
+    parser.add_argument(
         "--max-train-minutes",
         type=float,
         help="stop after the first epoch that ends past this budget",

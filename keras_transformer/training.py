@@ -44,6 +44,8 @@ from keras_transformer.schedules import TransformerSchedule
 
 logger = logging.getLogger(__name__)
 
+DTYPE_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
+
 # Per-preset training defaults; command-line options override them. `small`
 # fits ~15 minutes of training on a 2-core CPU (see README for measured numbers).
 TRAINING_DEFAULTS = {
@@ -70,6 +72,18 @@ TRAINING_DEFAULTS = {
 # --------------------------------------------------------------------------- the run
 
 
+def _plain_float32(model):
+    """The trained model as a plain float32 `Transformer` (same weights), for
+    evaluation, saving and export; `model` itself when it already is one."""
+    if type(model) is Transformer and model.dtype_policy.name == "float32":
+        return model
+    config = dict(model.get_config(), dtype="float32")
+    plain = Transformer.from_config(config)
+    plain.build()
+    plain.set_weights(model.get_weights())
+    return plain
+
+
 def _build(model, config):
     """Builds the model eagerly with int ids (under MirroredStrategy Keras would
     otherwise build it from an averaged, float first batch)."""
@@ -91,6 +105,7 @@ def run(
     logical_devices=None,
     warmup_steps=None,
     learning_rate_scale=None,
+    dtype_policy=None,
     max_train_minutes=None,
     validation_bleu_samples=300,
     test_samples=None,
@@ -114,6 +129,9 @@ def run(
         logical_devices: split the CPU into this many devices for MirroredStrategy.
         warmup_steps: of `TransformerSchedule`.
         learning_rate_scale: `scale` of `TransformerSchedule` (1.0 in the paper).
+        dtype_policy: Keras dtype policy of training: `"float32"`, `"mixed_bfloat16"`
+            or `"mixed_float16"` (Keras then scales the loss). Variables stay
+            float32; the saved and exported model computes in float32.
         max_train_minutes: stop after the first epoch that ends past this budget.
         validation_bleu_samples: validation pairs decoded (greedy) after each epoch.
         test_samples: test pairs decoded (beam search) at the end; None: the
@@ -139,6 +157,11 @@ def run(
     batch_tokens = batch_tokens or defaults["batch_tokens"]
     warmup_steps = warmup_steps or defaults["warmup_steps"]
     learning_rate_scale = learning_rate_scale or defaults.get("learning_rate_scale", 1.0)
+    dtype_policy = dtype_policy or defaults.get("dtype_policy", "float32")
+    if dtype_policy not in DTYPE_POLICIES:
+        raise ValueError(
+            f"dtype_policy must be one of {DTYPE_POLICIES}. Received: dtype_policy={dtype_policy!r}"
+        )
     if max_train_minutes is None:
         max_train_minutes = defaults["max_train_minutes"]
     keras.utils.set_random_seed(seed)
@@ -186,7 +209,7 @@ def run(
     scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
     with scope:
         model_class = MultiWorkerTransformer if is_multi_worker(strategy) else Transformer
-        model = model_class(**dataclasses.asdict(config))
+        model = model_class(**dataclasses.asdict(config), dtype=dtype_policy)
         _build(model, config)
         schedule = TransformerSchedule(
             config.d_model, warmup_steps=warmup_steps, scale=learning_rate_scale
@@ -231,6 +254,7 @@ def run(
         verbose=1 if os.isatty(1) else 2,
     )
     train_seconds = wall_time.seconds
+    model = _plain_float32(model)
     history = {key: [float(v) for v in values] for key, values in history.history.items()}
 
     # Final evaluation: beam search on the test split, all pairs and full sentences.
@@ -271,6 +295,7 @@ def run(
             "batch_tokens": batch_tokens,
             "warmup_steps": warmup_steps,
             "learning_rate_scale": learning_rate_scale,
+            "dtype_policy": dtype_policy,
             "max_train_minutes": max_train_minutes,
             "seed": seed,
             "distribution": strategy_description,
@@ -297,8 +322,7 @@ def run(
         "samples": samples,
     }
     if is_chief:
-        plain = model.as_transformer() if isinstance(model, MultiWorkerTransformer) else model
-        plain.save(os.path.join(out_dir, "model.keras"))
+        model.save(os.path.join(out_dir, "model.keras"))
         with open(os.path.join(out_dir, "run.json"), "w", encoding="utf-8") as f:
             json.dump(run_info, f, indent=2, ensure_ascii=False)
     _report(run_info)

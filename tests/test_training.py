@@ -40,11 +40,12 @@ def _env(**extra):
 def test_tiny_run_on_two_replicas_lowers_loss_and_writes_work_dir(corpus, tmp_path):
     # A fresh process, as `python train.py` runs: TensorFlow's collective ops
     # key their instances per process, and other MirroredStrategy tests in
-    # this one would collide with them.
+    # this one would collide with them. Mixed precision, as on an accelerator.
     work_dir = str(tmp_path / "work")
     command = [
         *_train_command(corpus, work_dir, epochs=3, steps=15),
         "--logical-devices", "2", "--warmup-steps", "30", "--beam-size", "2",
+        "--dtype-policy", "mixed_bfloat16",
     ]  # fmt: skip
     result = subprocess.run(
         command, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=600
@@ -53,6 +54,7 @@ def test_tiny_run_on_two_replicas_lowers_loss_and_writes_work_dir(corpus, tmp_pa
     with open(os.path.join(work_dir, "run.json"), encoding="utf-8") as f:
         info = json.load(f)
     assert info["training"]["num_replicas"] == 2
+    assert info["training"]["dtype_policy"] == "mixed_bfloat16"
     assert info["metrics"]["beam_size"] == 2
     losses = info["history"]["loss"]
     assert losses[-1] < losses[0]
@@ -65,8 +67,28 @@ def test_tiny_run_on_two_replicas_lowers_loss_and_writes_work_dir(corpus, tmp_pa
     model, tokenizer, run_info = training.load_trained(work_dir)
     assert run_info["config"] == info["config"]
     assert model.config.vocab_size == tokenizer.vocabulary_size() == 64
+    assert model.dtype_policy.name == "float32"  # trained mixed, saved float32
     ids = np.array([[5, 6, 7, 3]], dtype="int32")
     assert model({"source_ids": ids, "target_ids": ids[:, :2]}).shape == (1, 2, 64)
+
+
+def test_plain_float32_copy_of_a_mixed_precision_model():
+    import keras
+
+    from keras_transformer.model import Transformer
+
+    mixed = Transformer.from_preset("tiny", dtype="mixed_bfloat16")
+    ids = np.array([[5, 6, 7, 3]], dtype="int32")
+    inputs = {"source_ids": ids, "target_ids": ids[:, :3]}
+    mixed_logits = keras.ops.convert_to_numpy(mixed(inputs))
+    plain = training._plain_float32(mixed)
+    assert plain is not mixed and plain.dtype_policy.name == "float32"
+    assert plain.embedding.dtype_policy.name == "float32"
+    for a, b in zip(plain.get_weights(), mixed.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # Same weights, float32 compute: close to the bfloat16 logits (8-bit mantissa).
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(plain(inputs)), mixed_logits, atol=0.1)
+    assert training._plain_float32(plain) is plain
 
 
 def _train_command(corpus, work_dir, epochs, steps):
