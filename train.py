@@ -13,7 +13,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
-        "--preset", default="small", help="base | big | small | tiny (default small)"
+        "--preset", default="cpu", help="base | big | small | cpu | tiny (default cpu)"
     )
     parser.add_argument(
         "--dataset",
