@@ -151,7 +151,9 @@ def table(results, names):
     ]
     for label, result in results.items():
         candidates = result["candidates"]
-        peak = result["matmul_flops_per_s"]["float32"]
+        # Mixed precision: against the matmul peak of the compute dtype.
+        peaks = result["matmul_flops_per_s"]
+        peak = peaks.get(result["dtype"].replace("mixed_", ""), peaks["float32"])
         for name in names:
             c = candidates[name]
             ratios = {
