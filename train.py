@@ -53,7 +53,7 @@ def parse_args(argv=None):
     )
     parser.add_argument("--validation-bleu-samples", type=int, default=300)
     parser.add_argument(
-        "--test-samples", type=int, help="test pairs to decode (default: 1000 for small; 0: all)"
+        "--test-samples", type=int, help="test pairs to decode (default: 1000 for cpu; 0: all)"
     )
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--no-export", dest="export", action="store_false")

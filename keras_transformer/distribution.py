@@ -94,15 +94,8 @@ class MultiWorkerTransformer(Transformer):
        (1,), so that the mean over axis 0 is the mean over replicas, a scalar.
 
     Apart from these, it is a `Transformer` (same config and weights);
-    `as_transformer()` returns the plain model that `train.py` saves.
+    `train.py` saves a plain `Transformer` copy of it.
     """
-
-    def as_transformer(self):
-        """A plain `Transformer` with this model's config and weights."""
-        model = Transformer.from_config(self.get_config())
-        model.build()
-        model.set_weights(self.get_weights())
-        return model
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         strategy = self.distribute_strategy

@@ -149,7 +149,7 @@ def run(
         dtype_policy: Keras dtype policy of training: `"float32"`, `"mixed_bfloat16"`
             or `"mixed_float16"` (Keras then scales the loss). Variables stay
             float32; the saved and exported model computes in float32.
-        max_train_minutes: stop after the first epoch that ends past this budget.
+        max_train_minutes: stop at the first step that ends past this many minutes.
         validation_bleu_samples: validation pairs decoded (greedy) after each epoch.
         test_samples: test pairs decoded (beam search) at the end; None: the
             preset's default (all but for `small`), 0: all.
