@@ -81,21 +81,12 @@ TRAINING_DEFAULTS = {
 # --------------------------------------------------------------------------- the run
 
 
-def _plain_float32(model, config=None):
-    """The trained model as a plain float32 `Transformer` with `config` (default:
-    the model's), for evaluation, saving and export; `model` itself when it
-    already is one. Only the computation changes (dtype, attention path), not
-    the weights."""
-    model_config = model.get_config()
-    if config is not None:
-        model_config.update(dataclasses.asdict(config))
-    if (
-        type(model) is Transformer
-        and model.dtype_policy.name == "float32"
-        and model_config == model.get_config()
-    ):
+def _plain_float32(model):
+    """The trained model as a plain float32 `Transformer` (same config and weights),
+    for evaluation, saving and export; `model` itself when it already is one."""
+    if type(model) is Transformer and model.dtype_policy.name == "float32":
         return model
-    plain = Transformer.from_config(dict(model_config, dtype="float32"))
+    plain = Transformer.from_config(dict(model.get_config(), dtype="float32"))
     plain.build()
     plain.set_weights(model.get_weights())
     return plain
@@ -226,11 +217,7 @@ def run(
     scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
     with scope:
         model_class = MultiWorkerTransformer if is_multi_worker(strategy) else Transformer
-        # With bfloat16/float16 compute, `keras.ops.dot_product_attention` measured
-        # 1.2x faster on TensorFlow (README, "Performance"); in float32 it did not pay.
-        fused = dtype_policy != "float32" or config.use_fused_attention
-        train_config = dataclasses.replace(config, use_fused_attention=fused)
-        model = model_class(**dataclasses.asdict(train_config), dtype=dtype_policy)
+        model = model_class(**dataclasses.asdict(config), dtype=dtype_policy)
         _build(model, config)
         schedule = TransformerSchedule(
             config.d_model, warmup_steps=warmup_steps, scale=learning_rate_scale
@@ -275,7 +262,7 @@ def run(
         verbose=1 if os.isatty(1) else 2,
     )
     train_seconds = wall_time.seconds
-    model = _plain_float32(model, config)
+    model = _plain_float32(model)
     history = {key: [float(v) for v in values] for key, values in history.history.items()}
 
     # Final evaluation: beam search on the test split, all pairs and full sentences.
@@ -317,7 +304,6 @@ def run(
             "warmup_steps": warmup_steps,
             "learning_rate_scale": learning_rate_scale,
             "dtype_policy": dtype_policy,
-            "fused_attention": fused,
             "max_train_minutes": max_train_minutes,
             "seed": seed,
             "distribution": strategy_description,

@@ -55,7 +55,6 @@ def test_tiny_run_on_two_replicas_lowers_loss_and_writes_work_dir(corpus, tmp_pa
         info = json.load(f)
     assert info["training"]["num_replicas"] == 2
     assert info["training"]["dtype_policy"] == "mixed_bfloat16"
-    assert info["training"]["fused_attention"]  # trained fused, saved plain (below)
     assert info["metrics"]["beam_size"] == 2
     losses = info["history"]["loss"]
     assert losses[-1] < losses[0]
@@ -69,7 +68,6 @@ def test_tiny_run_on_two_replicas_lowers_loss_and_writes_work_dir(corpus, tmp_pa
     assert run_info["config"] == info["config"]
     assert model.config.vocab_size == tokenizer.vocabulary_size() == 64
     assert model.dtype_policy.name == "float32"  # trained mixed, saved float32
-    assert not model.config.use_fused_attention
     ids = np.array([[5, 6, 7, 3]], dtype="int32")
     assert model({"source_ids": ids, "target_ids": ids[:, :2]}).shape == (1, 2, 64)
 
@@ -77,16 +75,15 @@ def test_tiny_run_on_two_replicas_lowers_loss_and_writes_work_dir(corpus, tmp_pa
 def test_plain_float32_copy_of_a_mixed_precision_model():
     import keras
 
-    from keras_transformer.config import get_preset
     from keras_transformer.model import Transformer
 
-    mixed = Transformer.from_preset("tiny", dtype="mixed_bfloat16", use_fused_attention=True)
+    mixed = Transformer.from_preset("tiny", dtype="mixed_bfloat16")
     ids = np.array([[5, 6, 7, 3]], dtype="int32")
     inputs = {"source_ids": ids, "target_ids": ids[:, :3]}
     mixed_logits = keras.ops.convert_to_numpy(mixed(inputs))
-    plain = training._plain_float32(mixed, get_preset("tiny"))
+    plain = training._plain_float32(mixed)
     assert plain is not mixed and plain.dtype_policy.name == "float32"
-    assert not plain.config.use_fused_attention  # saved and exported with the plain path
+    assert plain.config == mixed.config
     assert plain.embedding.dtype_policy.name == "float32"
     for a, b in zip(plain.get_weights(), mixed.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
