@@ -165,7 +165,7 @@ def run(
     batch_tokens = batch_tokens or defaults["batch_tokens"]
     warmup_steps = warmup_steps or defaults["warmup_steps"]
     learning_rate_scale = learning_rate_scale or defaults.get("learning_rate_scale", 1.0)
-    dtype_policy = dtype_policy or defaults.get("dtype_policy", "float32")
+    dtype_policy = dtype_policy or "float32"
     if dtype_policy not in DTYPE_POLICIES:
         raise ValueError(
             f"dtype_policy must be one of {DTYPE_POLICIES}. Received: dtype_policy={dtype_policy!r}"
