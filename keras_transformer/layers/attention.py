@@ -21,6 +21,42 @@ from keras_transformer.layers.masks import merge_masks
 _NEG_INF = -1e9
 
 
+class HeadDense(keras.layers.EinsumDense):
+    """`EinsumDense` that splits `(B, T, D) -> (B, T, N, H)` or merges heads back.
+
+    Same weights (kernel `(D, N, H)` or `(N, H, D)`) and math as
+    `EinsumDense("btd,dnh->btnh")` / `("btnh,nhd->btd")`, computed as one
+    matmul over flattened head axes. Under TensorFlow, Keras runs those
+    einsums as a `BatchMatMulV2` that broadcasts the kernel over the batch,
+    whose kernel gradient builds a `(B, D, N * H)` tensor and sums it;
+    `ops.matmul` of a 3-D input and a 2-D kernel is one `MatMul` forward and
+    backward (`benchmarks/README.md`, "Attention projections").
+    """
+
+    def __init__(self, merge_heads, **kwargs):
+        super().__init__(**kwargs)
+        self.merge_heads = merge_heads
+
+    def call(self, inputs, training=None):
+        kernel = self.kernel
+        if self.merge_heads:  # (B, T, N, H) @ (N, H, D)
+            num_heads, head_dim, units = kernel.shape
+            inputs = ops.reshape(inputs, (*ops.shape(inputs)[:-2], num_heads * head_dim))
+            outputs = ops.matmul(inputs, ops.reshape(kernel, (num_heads * head_dim, units)))
+        else:  # (B, T, D) @ (D, N, H)
+            units, num_heads, head_dim = kernel.shape
+            outputs = ops.matmul(inputs, ops.reshape(kernel, (units, num_heads * head_dim)))
+            # The shape comes from `inputs`: read from `outputs` (a tf.tensordot), tf2onnx
+            # folds the two reshapes into one with the wrong target shape.
+            outputs = ops.reshape(outputs, (*ops.shape(inputs)[:-1], num_heads, head_dim))
+        if self.bias is not None:
+            outputs = ops.add(outputs, self.bias)
+        return outputs
+
+    def get_config(self):
+        return {**super().get_config(), "merge_heads": self.merge_heads}
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention of "Attention Is All You Need", Section 3.2.
@@ -29,9 +65,10 @@ class MultiHeadAttention(keras.layers.Layer):
     `head_i = softmax(Q W_i^Q (K W_i^K)^T / sqrt(H)) V W_i^V`
     (https://arxiv.org/abs/1706.03762, Section 3.2.2).
 
-    The projections produce `(B, T, N, H)` directly with `EinsumDense`, as
-    `keras.layers.MultiHeadAttention` does, so weights copy between the two
-    one to one. Padding and causal masks are combined in one place,
+    The projections produce `(B, T, N, H)` directly with kernels shaped as
+    those of `keras.layers.MultiHeadAttention` (`EinsumDense`), so weights
+    copy between the two one to one; they run as 2-D matmuls, which
+    TensorFlow differentiates faster. Padding and causal masks are combined in one place,
     `merge_masks`. For incremental decoding, `call_with_cache` appends one
     query step to a fixed-size key/value cache without
     `ops.slice_update` (which exports as an XLA-only op); cross-attention
@@ -93,8 +130,9 @@ class MultiHeadAttention(keras.layers.Layer):
         self.supports_masking = True
 
         def projection(name, equation, output_shape, bias_axes):
-            dense = keras.layers.EinsumDense(
-                equation,
+            dense = HeadDense(
+                merge_heads=equation.startswith("btnh"),
+                equation=equation,
                 output_shape=output_shape,
                 bias_axes=bias_axes,
                 kernel_initializer=keras.initializers.get(
