@@ -60,7 +60,7 @@ def projection_pair(batch, length, d_model, num_heads):
         layer.build((batch, length, d_model))
     for layer in (reference[3], ours[3]):
         layer.build((batch, length, num_heads, head_dim))
-    for theirs, mine in zip(reference, ours):
+    for theirs, mine in zip(reference, ours, strict=True):
         mine.set_weights(theirs.get_weights())
     x = keras.random.normal((batch, length, d_model), seed=0)
     return reference, ours, x
@@ -115,9 +115,13 @@ def main(argv=None):
     pairs = {
         "projections": (
             timed_gradients(
-                lambda: project(reference, x), [x], [w for l in reference for w in l.weights]
+                lambda: project(reference, x),
+                [x],
+                [w for layer in reference for w in layer.weights],
             ),
-            timed_gradients(lambda: project(ours, x), [x], [w for l in ours for w in l.weights]),
+            timed_gradients(
+                lambda: project(ours, x), [x], [w for layer in ours for w in layer.weights]
+            ),
         ),
         "loss": (
             timed_gradients(lambda: log_softmax_gather_loss(labels, logits), [logits], []),
@@ -127,12 +131,12 @@ def main(argv=None):
     for name, (before, after) in pairs.items():
         (value_before, grads_before), (value_after, grads_after) = before(), after()
         np.testing.assert_allclose(value_after, value_before, rtol=1e-4, atol=1e-4, err_msg=name)
-        for g_after, g_before in zip(grads_after, grads_before):
+        for g_after, g_before in zip(grads_after, grads_before, strict=True):
             np.testing.assert_allclose(g_after, g_before, rtol=1e-3, atol=1e-3, err_msg=name)
     times = {name: ([], []) for name in pairs}
     for _ in range(args.rounds):
         for name, functions in pairs.items():
-            for fn, samples in zip(functions, times[name]):
+            for fn, samples in zip(functions, times[name], strict=True):
                 start = time.perf_counter()
                 for _ in range(args.steps):
                     value, _ = fn()
