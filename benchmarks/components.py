@@ -1,4 +1,4 @@
-"""Forward + backward time of two components against the formulations they replaced.
+"""Forward + backward time of components: a reference against a candidate.
 
     python benchmarks/components.py --rounds 5
 
@@ -13,8 +13,11 @@ respect to inputs and weights through `tf.GradientTape` in a `tf.function`.
                  plus `take_along_axis` (this package's loss before) against
                  `LabelSmoothedCrossEntropy` (smoothed one-hot targets through
                  the fused softmax cross-entropy).
+    fused_qkv    the same four `HeadDense` projections against one matmul with
+                 the Q, K and V kernels concatenated (not in the package).
 
-Both pairs compute the same values; the script checks that before timing.
+Both sides of every pair compute the same values; the script checks that
+before timing.
 """
 
 import argparse
@@ -40,6 +43,11 @@ def parse_args(argv=None):
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10, help="timed calls per candidate per round")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--dynamic-shapes",
+        action="store_true",
+        help="trace with unknown dims, as `model.fit` does on length-bucketed batches",
+    )
     return parser.parse_args(argv)
 
 
@@ -71,6 +79,19 @@ def project(layers, x):
     return output(query(x) + key(x) * value(x))
 
 
+def project_fused_qkv(layers, x):
+    """`project` with Q, K and V from one matmul on the concatenated kernels."""
+    from keras import ops
+
+    query, key, value, output = layers
+    units, num_heads, head_dim = query.kernel.shape
+    kernel = ops.concatenate([ops.reshape(d.kernel, (units, -1)) for d in layers[:3]], axis=-1)
+    bias = ops.concatenate([ops.reshape(d.bias, (-1,)) for d in layers[:3]], axis=-1)
+    heads = ops.split(ops.matmul(x, kernel) + bias, 3, axis=-1)
+    query, key, value = (ops.reshape(h, (*ops.shape(x)[:-1], num_heads, head_dim)) for h in heads)
+    return output(query + key * value)
+
+
 def log_softmax_gather_loss(labels, logits, eps=0.1):
     """The package's label-smoothed cross-entropy before (per token)."""
     from keras import ops
@@ -80,19 +101,29 @@ def log_softmax_gather_loss(labels, logits, eps=0.1):
     return (1.0 - eps) * nll - eps * ops.mean(log_probs, axis=-1)
 
 
-def timed_gradients(fn, inputs, variables):
-    """A tf.function returning (value, gradients of its sum w.r.t. inputs and variables)."""
+def timed_gradients(fn, inputs, variables, dynamic_shapes=False):
+    """A function returning `fn(*inputs)` and the gradients of its sum.
+
+    Gradients are taken with respect to the float `inputs` and `variables`.
+
+    It runs a `tf.function`, traced with every dim unknown if `dynamic_shapes`.
+    """
     import tensorflow as tf
 
-    @tf.function
-    def step():
-        with tf.GradientTape() as tape:
-            tape.watch(inputs)
-            value = fn()
-            total = tf.reduce_sum(tf.cast(value, "float32"))
-        return value, tape.gradient(total, list(inputs) + list(variables))
+    signature = None
+    if dynamic_shapes:
+        signature = [tf.TensorSpec([None] * len(x.shape), x.dtype) for x in inputs]
 
-    return step
+    @tf.function(input_signature=signature)
+    def step(*inputs):
+        float_inputs = [x for x in inputs if x.dtype.is_floating]
+        with tf.GradientTape() as tape:
+            tape.watch(float_inputs)
+            value = fn(*inputs)
+            total = tf.reduce_sum(tf.cast(value, "float32"))
+        return value, tape.gradient(total, float_inputs + list(variables))
+
+    return lambda: step(*inputs)
 
 
 def main(argv=None):
@@ -112,27 +143,32 @@ def main(argv=None):
     logits = tf.random.normal((b, t, args.vocab_size), seed=1)
     labels = tf.random.uniform((b, t), 1, args.vocab_size, dtype="int32", seed=2)
     package_loss = LabelSmoothedCrossEntropy(label_smoothing=0.1, reduction=None)
-    pairs = {
+    reference_weights = [w for layer in reference for w in layer.weights]
+    weights = [w for layer in ours for w in layer.weights]
+    dynamic = args.dynamic_shapes
+    pairs = {  # name -> (reference, candidate)
         "projections": (
-            timed_gradients(
-                lambda: project(reference, x),
-                [x],
-                [w for layer in reference for w in layer.weights],
-            ),
-            timed_gradients(
-                lambda: project(ours, x), [x], [w for layer in ours for w in layer.weights]
-            ),
+            timed_gradients(lambda x: project(reference, x), [x], reference_weights, dynamic),
+            timed_gradients(lambda x: project(ours, x), [x], weights, dynamic),
         ),
         "loss": (
-            timed_gradients(lambda: log_softmax_gather_loss(labels, logits), [logits], []),
-            timed_gradients(lambda: package_loss.call(labels, logits), [logits], []),
+            timed_gradients(
+                lambda y, z: log_softmax_gather_loss(y, z), [labels, logits], [], dynamic
+            ),
+            timed_gradients(lambda y, z: package_loss.call(y, z), [labels, logits], [], dynamic),
+        ),
+        "fused_qkv": (
+            timed_gradients(lambda x: project(ours, x), [x], weights, dynamic),
+            timed_gradients(lambda x: project_fused_qkv(ours, x), [x], weights, dynamic),
         ),
     }
-    for name, (before, after) in pairs.items():
-        (value_before, grads_before), (value_after, grads_after) = before(), after()
-        np.testing.assert_allclose(value_after, value_before, rtol=1e-4, atol=1e-4, err_msg=name)
-        for g_after, g_before in zip(grads_after, grads_before, strict=True):
-            np.testing.assert_allclose(g_after, g_before, rtol=1e-3, atol=1e-3, err_msg=name)
+    for name, (reference_fn, candidate_fn) in pairs.items():
+        (expected, expected_grads), (actual, actual_grads) = reference_fn(), candidate_fn()
+        np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4, err_msg=name)
+        for actual_grad, expected_grad in zip(actual_grads, expected_grads, strict=True):
+            np.testing.assert_allclose(
+                actual_grad, expected_grad, rtol=1e-3, atol=1e-3, err_msg=name
+            )
     times = {name: ([], []) for name in pairs}
     for _ in range(args.rounds):
         for name, functions in pairs.items():
@@ -145,14 +181,18 @@ def main(argv=None):
     load = ", ".join(f"{value:.2f}" for value in _common.load_average())
     print(
         f"batch={b}x{t} d_model={args.d_model} heads={args.num_heads} vocab={args.vocab_size} "
-        f"threads={args.threads} rounds={args.rounds} steps/round={args.steps}; "
+        f"threads={args.threads} rounds={args.rounds} steps/round={args.steps} "
+        f"dynamic_shapes={dynamic}; "
         f"load average after: {load}\n"
     )
-    print("| component | before (ms) | now (ms) | speed-up |")
+    print("| component | reference (ms) | candidate (ms) | candidate speed-up |")
     print("|---|---:|---:|---:|")
-    for name, (before, after) in times.items():
-        before, after = _common.median(before), _common.median(after)
-        print(f"| {name} | {1000 * before:.1f} | {1000 * after:.1f} | {before / after:.2f}x |")
+    for name, (reference_times, candidate_times) in times.items():
+        reference_s, candidate_s = map(_common.median, (reference_times, candidate_times))
+        print(
+            f"| {name} | {1000 * reference_s:.1f} | {1000 * candidate_s:.1f} | "
+            f"{reference_s / candidate_s:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

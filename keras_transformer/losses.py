@@ -44,12 +44,13 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
     def call(self, y_true, y_pred):
         labels = ops.cast(y_true, "int32")  # (B, T)
         logits = ops.cast(y_pred, "float32")  # (B, T, V)
-        vocab_size = logits.shape[-1] or ops.shape(logits)[-1]
+        vocab_size = ops.shape(logits)[-1]  # a tensor when traced with an unknown dim
         eps = self.label_smoothing
         # Smoothed one-hot targets through the framework's fused softmax
         # cross-entropy: under TensorFlow 0.7x the time of log_softmax plus a
         # gather, whose gradient is a scatter into (B, T, V) (`benchmarks/README.md`).
-        targets = ops.one_hot(labels, vocab_size) * (1.0 - eps) + eps / vocab_size
+        uniform = eps / ops.cast(vocab_size, "float32")
+        targets = ops.one_hot(labels, vocab_size) * (1.0 - eps) + uniform
         return ops.categorical_crossentropy(targets, logits, from_logits=True)
 
     def __call__(self, y_true, y_pred, sample_weight=None):
