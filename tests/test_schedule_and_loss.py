@@ -97,6 +97,34 @@ def test_loss_equals_numpy_reference_and_ignores_padding(eps):
     )
 
 
+def test_loss_and_its_gradient_traced_with_unknown_dims():
+    """As `model.fit` traces it on length-bucketed batches: vocabulary size unknown too."""
+    import tensorflow as tf
+
+    eps = 0.1
+    loss = LabelSmoothedCrossEntropy(label_smoothing=eps)
+    labels = np.array([[5, 7, 3, 0], [4, 4, 6, 8]], "int32")
+    logits = np.random.default_rng(1).normal(size=(2, 4, 11)).astype("float32")
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], "int32"), tf.TensorSpec([None] * 3)])
+    def value_and_gradient(labels, logits):
+        with tf.GradientTape() as tape:
+            tape.watch(logits)
+            value = loss(labels, logits)
+        return value, tape.gradient(value, logits)
+
+    value, gradient = value_and_gradient(labels, logits)
+    np.testing.assert_allclose(
+        float(value), _numpy_label_smoothed_ce(labels, logits, eps, 0), rtol=1e-5
+    )
+    # d/dlogits of the mean over the 7 real tokens: (softmax - smoothed target) / 7, 0 at pads.
+    probs = np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)
+    target = np.full(logits.shape, eps / 11)
+    np.put_along_axis(target, labels[..., None], 1.0 - eps + eps / 11, axis=-1)
+    expected = (probs - target) / 7 * (labels != 0)[..., None]
+    np.testing.assert_allclose(gradient.numpy(), expected, atol=1e-6)
+
+
 def test_loss_rejects_bad_label_smoothing():
     with pytest.raises(ValueError, match="label_smoothing=1.0"):
         LabelSmoothedCrossEntropy(label_smoothing=1.0)
