@@ -49,7 +49,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--max-train-minutes",
         type=float,
-        help="stop after the first epoch that ends past this budget",
+        help="stop at the first training step that ends past this many minutes",
     )
     parser.add_argument("--validation-bleu-samples", type=int, default=300)
     parser.add_argument(
