@@ -44,7 +44,8 @@ def parse_args(argv=None):
     parser.add_argument(
         "--dtype-policy",
         choices=["float32", "mixed_bfloat16", "mixed_float16"],
-        help="precision of training (mixed: float32 variables, saved model is float32)",
+        help="precision of training (mixed: float32 variables, saved model is float32); "
+        "default: mixed_bfloat16 on CPUs with native bf16 (AMX, AVX512-BF16), else float32",
     )
     parser.add_argument(
         "--max-train-minutes",
@@ -53,7 +54,15 @@ def parse_args(argv=None):
     )
     parser.add_argument("--validation-bleu-samples", type=int, default=300)
     parser.add_argument(
+        "--validation-bleu-every",
+        type=int,
+        help="greedy validation BLEU every N epochs (0: never; default: per preset)",
+    )
+    parser.add_argument(
         "--test-samples", type=int, help="test pairs to decode (default: 1000 for cpu; 0: all)"
+    )
+    parser.add_argument(
+        "--no-test", dest="test", action="store_false", help="skip the final test decoding"
     )
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--no-export", dest="export", action="store_false")

@@ -1,7 +1,7 @@
 """Distribution strategies for `model.fit`: one machine, several workers, JAX.
 
-`make_strategy()` picks `MirroredStrategy` over all local GPUs (the CPU when
-there is none, optionally split into logical devices),
+`make_strategy()` picks `MirroredStrategy` over several local GPUs (or the
+CPU split into logical devices), TensorFlow's default strategy on one device,
 `MultiWorkerMirroredStrategy` when `TF_CONFIG` is set, and
 `keras.distribution.DataParallel` under JAX.
 """
@@ -37,9 +37,11 @@ def make_strategy(logical_devices=None):
     """The distribution for this process; returns `(strategy or None, description)`.
 
     TensorFlow: `MultiWorkerMirroredStrategy` when `TF_CONFIG` is set,
-    otherwise `MirroredStrategy` over all local GPUs (the CPU when there is
-    none), or over `logical_devices` logical CPU devices. JAX:
-    `keras.distribution.DataParallel` over all devices. torch: none.
+    otherwise `MirroredStrategy` over `logical_devices` logical CPU devices or
+    over all local GPUs when there are several, and no strategy (TensorFlow's
+    default) on one device: a one-replica `MirroredStrategy` only adds
+    per-step cross-replica bookkeeping (benchmarks/README.md, "End to end").
+    JAX: `keras.distribution.DataParallel` over all devices. torch: none.
     """
     backend = keras.backend.backend()
     if backend == "jax":
@@ -60,6 +62,10 @@ def make_strategy(logical_devices=None):
         devices = [f"/cpu:{i}" for i in range(logical_devices)]
         strategy = tf.distribute.MirroredStrategy(devices=devices)
     else:
+        gpus = tf.config.list_logical_devices("GPU")
+        if len(gpus) <= 1:
+            device = gpus[0].name if gpus else "/cpu:0"
+            return None, f"default strategy on one device: {device}"
         strategy = tf.distribute.MirroredStrategy()
     devices = ", ".join(strategy.extended.worker_devices)
     return strategy, f"MirroredStrategy over {strategy.num_replicas_in_sync} device(s): {devices}"

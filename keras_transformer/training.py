@@ -25,10 +25,10 @@ import numpy as np
 
 from keras_transformer.callbacks import (
     LearningRateLogger,
+    PhaseTimer,
     TerminateOnNaN,
     TimeBudget,
     ValidationBleu,
-    WallTime,
 )
 from keras_transformer.config import get_preset
 from keras_transformer.distribution import (
@@ -38,6 +38,7 @@ from keras_transformer.distribution import (
     make_strategy,
 )
 from keras_transformer.evaluation import make_translate_fn, score
+from keras_transformer.hardware import configure_threads, default_dtype_policy, describe_cpu
 from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
 from keras_transformer.model import Transformer
 from keras_transformer.schedules import TransformerSchedule
@@ -60,6 +61,7 @@ TRAINING_DEFAULTS = {
         learning_rate_scale=0.5,  # peak 1.8e-3; 1.0 learned slower
         max_train_minutes=15.0,
         test_samples=1000,
+        validation_bleu_every=0,  # the test decode at the end measures quality
     ),  # fmt: skip
     "small": dict(
         epochs=10,
@@ -116,7 +118,9 @@ def run(
     dtype_policy=None,
     max_train_minutes=None,
     validation_bleu_samples=300,
+    validation_bleu_every=None,
     test_samples=None,
+    test=True,
     beam_size=4,
     alpha=0.6,
     ding_path=None,
@@ -139,11 +143,16 @@ def run(
         learning_rate_scale: `scale` of `TransformerSchedule` (1.0 in the paper).
         dtype_policy: Keras dtype policy of training: `"float32"`, `"mixed_bfloat16"`
             or `"mixed_float16"` (Keras then scales the loss). Variables stay
-            float32; the saved and exported model computes in float32.
+            float32; the saved and exported model computes in float32. None:
+            `mixed_bfloat16` where the CPU has native bf16 (AMX or
+            AVX512-BF16) and there is no GPU, float32 otherwise.
         max_train_minutes: stop at the first step that ends past this many minutes.
-        validation_bleu_samples: validation pairs decoded (greedy) after each epoch.
+        validation_bleu_samples: validation pairs decoded (greedy) by `ValidationBleu`.
+        validation_bleu_every: decode them every this many epochs; 0: never;
+            None: the preset's default (every epoch but for `cpu`).
         test_samples: test pairs decoded (beam search) at the end; None: the
-            preset's default (all but for `small`), 0: all.
+            preset's default (all but for `cpu`), 0: all.
+        test: decode the test pairs at the end (False: benchmarks that decode their own).
         beam_size, alpha: beam search of the final test evaluation.
         ding_path: the Ding dictionary file.
         export: call `export_after_training` at the end.
@@ -152,20 +161,31 @@ def run(
         dict: the contents of `run.json`.
     """
     from keras_transformer.data import (
-        batch_statistics,
+        InputTimer,
         get_tokenizer,
         load_translation_data,
         make_dataset,
+        plan_statistics,
+        tokenize_split,
     )
 
     wall_start = time.time()
+    threads = configure_threads()  # before TensorFlow runs its first op
+    cpu = describe_cpu()
+    logger.info("CPU: %s; TensorFlow threads: %s", cpu["summary"], threads)
     defaults = TRAINING_DEFAULTS.get(preset, TRAINING_DEFAULTS["cpu"])
     epochs = epochs or defaults["epochs"]
     steps = steps or defaults["steps"]
     batch_tokens = batch_tokens or defaults["batch_tokens"]
     warmup_steps = warmup_steps or defaults["warmup_steps"]
     learning_rate_scale = learning_rate_scale or defaults.get("learning_rate_scale", 1.0)
-    dtype_policy = dtype_policy or "float32"
+    if validation_bleu_every is None:
+        validation_bleu_every = defaults.get("validation_bleu_every", 1)
+    if dtype_policy is None:
+        import tensorflow as tf
+
+        has_gpu = keras.backend.backend() == "tensorflow" and tf.config.list_physical_devices("GPU")
+        dtype_policy = "float32" if has_gpu else default_dtype_policy(cpu)
     if dtype_policy not in DTYPE_POLICIES:
         raise ValueError(
             f"dtype_policy must be one of {DTYPE_POLICIES}. Received: dtype_policy={dtype_policy!r}"
@@ -201,17 +221,35 @@ def run(
         os.path.join(out_dir, "vocab.model"), data.splits["train"], config.vocab_size
     )
 
+    # Every split is tokenized once; batches are assembled on the host.
+    tokenize_start = time.time()
+    tokenized = {
+        split: tokenize_split(
+            data.splits[split], tokenizer, config.max_length, eos_id=config.eos_id
+        )
+        for split in ("train", "validation")
+    }
+    tokenize_seconds = time.time() - tokenize_start
+    input_timer = InputTimer()
     common = dict(
-        max_length=config.max_length, batch_tokens=batch_tokens, num_replicas=num_replicas
+        max_length=config.max_length,
+        batch_tokens=batch_tokens,
+        num_replicas=num_replicas,
+        bos_id=config.bos_id,
+        eos_id=config.eos_id,
     )
-    train_ds = make_dataset(data.splits["train"], tokenizer, training=True, seed=seed, **common)
-    val_ds = make_dataset(data.splits["validation"], tokenizer, training=False, **common)
-    batch_stats = batch_statistics(train_ds, num_batches=20)
+    train_ds = make_dataset(
+        tokenized["train"], tokenizer, training=True, seed=seed, timer=input_timer, **common
+    )
+    val_ds = make_dataset(tokenized["validation"], tokenizer, training=False, **common)
+    batch_stats = plan_statistics(tokenized["train"], batch_tokens, num_replicas, seed=seed)
     logger.info(
-        "Batches of ~%d tokens: %.0f sentences, %.0f source + %.0f target real tokens, "
-        "padding share %.1f%%",
-        batch_tokens, batch_stats["batch_size"], batch_stats["source_tokens"],
-        batch_stats["target_tokens"], 100 * batch_stats["padding_share"],
+        "Tokenized %d train pairs (%d longer than %d dropped) in %.0fs. Batches of ~%d tokens: "
+        "%.0f sentences, %.0f source + %.0f target real tokens, padding share %.1f%%, "
+        "%d batches per pass over the data",
+        len(tokenized["train"]), tokenized["train"].dropped, config.max_length,
+        tokenize_seconds, batch_tokens, batch_stats["batch_size"], batch_stats["source_tokens"],
+        batch_stats["target_tokens"], 100 * batch_stats["padding_share"], batch_stats["batches"],
     )  # fmt: skip
 
     scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
@@ -231,15 +269,18 @@ def run(
         )
     logger.info("Model: preset %s, %s parameters", preset, f"{model.count_params():,}")
 
-    validation_pairs = data.pairs("validation", limit=validation_bleu_samples)
-    wall_time = WallTime()
+    validation_pairs = (
+        data.pairs("validation", limit=validation_bleu_samples) if validation_bleu_every else []
+    )
+    phases = PhaseTimer()
     time_budget = TimeBudget(max_train_minutes) if max_train_minutes else None
+    validation_bleu = ValidationBleu(validation_pairs, tokenizer, every=validation_bleu_every)
     callbacks = [
+        phases,
         keras.callbacks.BackupAndRestore(os.path.join(out_dir, "backup")),
         TerminateOnNaN(),
-        wall_time,
         LearningRateLogger(),
-        ValidationBleu(validation_pairs, tokenizer),
+        validation_bleu,
         keras.callbacks.ModelCheckpoint(
             os.path.join(out_dir, "checkpoints", "epoch_{epoch:03d}.weights.h5"),
             save_weights_only=True,
@@ -253,40 +294,48 @@ def run(
         )
     if time_budget is not None:
         callbacks.append(time_budget)
+    callbacks.append(phases.end_marker)
+    startup_seconds = time.time() - wall_start
     history = model.fit(
         train_ds,
         epochs=epochs,
         steps_per_epoch=steps,
         validation_data=val_ds,
+        validation_steps=val_ds.num_batches,
         callbacks=callbacks,
         verbose=1 if os.isatty(1) else 2,
     )
-    train_seconds = wall_time.seconds
+    train_seconds = phases.first_step_seconds + phases.step_seconds
     model = _plain_float32(model)
     history = {key: [float(v) for v in values] for key, values in history.history.items()}
 
     # Final evaluation: beam search on the test split, all pairs and full sentences.
     if test_samples is None:
         test_samples = defaults.get("test_samples")
-    test_pairs = data.pairs("test", limit=test_samples or None)
-    translate = make_translate_fn(model, tokenizer, beam_size=beam_size, alpha=alpha)
-    eval_start = time.time()
-    hypotheses = translate([s for s, _ in test_pairs])
-    eval_seconds = time.time() - eval_start
-    references = [t for _, t in test_pairs]
-    metrics = {"test": score(hypotheses, references)}
-    from keras_transformer.data.ding import is_sentence
+    metrics, samples, eval_seconds = {}, [], 0.0
+    if test:
+        test_pairs = data.pairs("test", limit=test_samples or None)
+        translate = make_translate_fn(model, tokenizer, beam_size=beam_size, alpha=alpha)
+        eval_start = time.time()
+        hypotheses = translate([s for s, _ in test_pairs])
+        eval_seconds = time.time() - eval_start
+        references = [t for _, t in test_pairs]
+        metrics["test"] = score(hypotheses, references)
+        sentences = []
+        if data.info["name"] == "ding":  # full sentences mean something for the dictionary only
+            from keras_transformer.data.ding import is_sentence
 
-    sentences = [i for i, (s, t) in enumerate(test_pairs) if is_sentence(s, t)]
-    if sentences:
-        metrics["test_sentences"] = score(
-            [hypotheses[i] for i in sentences], [references[i] for i in sentences]
-        )
-    samples = [
-        {"source": test_pairs[i][0], "reference": references[i], "translation": hypotheses[i]}
-        for i in _sample_indices(len(test_pairs), sentences)
-    ]
-    tokens_per_step = batch_stats["source_tokens"] + batch_stats["target_tokens"]
+            sentences = [i for i, (s, t) in enumerate(test_pairs) if is_sentence(s, t)]
+        if sentences:
+            metrics["test_sentences"] = score(
+                [hypotheses[i] for i in sentences], [references[i] for i in sentences]
+            )
+        samples = [
+            {"source": test_pairs[i][0], "reference": references[i], "translation": hypotheses[i]}
+            for i in _sample_indices(len(test_pairs), sentences)
+        ]
+    steps_run = phases.steps
+    per_second = steps_run / max(train_seconds, 1e-9)
     run_info = {
         "preset": preset,
         "config": dataclasses.asdict(config),
@@ -311,16 +360,39 @@ def run(
             "backend": keras.backend.backend(),
             "padding_share": batch_stats["padding_share"],
             "mean_batch_size": batch_stats["batch_size"],
+            "batches_per_pass": batch_stats["batches"],
+            "passes_over_data": steps_run / max(batch_stats["batches"], 1),
+            "threads": threads,
         },
+        "cpu": cpu,
+        "timing": {
+            "startup_seconds": startup_seconds,
+            "tokenize_seconds": tokenize_seconds,
+            "fit_seconds": phases.fit_seconds,
+            "first_step_seconds": phases.first_step_seconds,
+            "train_steps_seconds": train_seconds,
+            "input_seconds": input_timer.seconds,
+            "validation_seconds": phases.validation_seconds,
+            "validation_bleu_seconds": validation_bleu.seconds,
+            "epoch_end_seconds": phases.epoch_end_seconds,
+            "checkpoint_seconds": phases.epoch_end_seconds - validation_bleu.seconds,
+            "test_decode_seconds": eval_seconds,
+        },
+        "curve": phases.curve,
         "metrics": {
             **metrics,
             "val_loss": history["val_loss"][-1] if history.get("val_loss") else None,
             "val_bleu_greedy": history["val_bleu"][-1] if history.get("val_bleu") else None,
             "train_loss": history["loss"][-1] if history.get("loss") else None,
             "train_seconds": train_seconds,
-            "train_steps": wall_time.steps,
-            # Real (non-pad) source + target tokens per second, from the mean batch.
-            "tokens_per_second": tokens_per_step * wall_time.steps / max(train_seconds, 1e-9),
+            "train_steps": steps_run,
+            # Real (non-pad) tokens per second of the training steps, from the
+            # mean batch of a pass over the data (target: with EOS).
+            "tokens_per_second": per_second
+            * (batch_stats["source_tokens"] + batch_stats["target_tokens"]),
+            "target_tokens_per_second": per_second * batch_stats["target_tokens"],
+            "source_tokens_per_second": per_second * batch_stats["source_tokens"],
+            "sentences_per_second": per_second * batch_stats["batch_size"],
             "test_decode_seconds": eval_seconds,
             "wall_seconds": time.time() - wall_start,
             "beam_size": beam_size,
@@ -331,14 +403,22 @@ def run(
     }
     if is_chief:
         model.save(os.path.join(out_dir, "model.keras"))
-        with open(os.path.join(out_dir, "run.json"), "w", encoding="utf-8") as f:
-            json.dump(run_info, f, indent=2, ensure_ascii=False)
+        _write_run_info(out_dir, run_info)
     _report(run_info)
     if export and is_chief:
         from keras_transformer.export import export_after_training
 
+        export_start = time.time()
         export_after_training(out_dir, run_info)
+        run_info["timing"]["export_seconds"] = time.time() - export_start
+        run_info["metrics"]["wall_seconds"] = time.time() - wall_start
+        _write_run_info(out_dir, run_info)
     return run_info
+
+
+def _write_run_info(out_dir, run_info):
+    with open(os.path.join(out_dir, "run.json"), "w", encoding="utf-8") as f:
+        json.dump(run_info, f, indent=2, ensure_ascii=False)
 
 
 def _sample_indices(count, sentences, per_kind=4):
@@ -349,11 +429,13 @@ def _sample_indices(count, sentences, per_kind=4):
 
 
 def _report(run_info):
-    metrics = run_info["metrics"]
-    lines = [
-        f"Test ({metrics['test']['segments']} pairs, beam {metrics['beam_size']}): "
-        f"BLEU {metrics['test']['bleu']:.2f}  chrF {metrics['test']['chrf']:.2f}",
-    ]
+    metrics, timing = run_info["metrics"], run_info["timing"]
+    lines = []
+    if "test" in metrics:
+        lines.append(
+            f"Test ({metrics['test']['segments']} pairs, beam {metrics['beam_size']}): "
+            f"BLEU {metrics['test']['bleu']:.2f}  chrF {metrics['test']['chrf']:.2f}"
+        )
     if "test_sentences" in metrics:
         m = metrics["test_sentences"]
         lines.append(
@@ -366,6 +448,14 @@ def _report(run_info):
         f"Training {metrics['train_seconds'] / 60:.1f} min, {metrics['train_steps']} steps, "
         f"{metrics['tokens_per_second']:.0f} tokens/s; "
         f"whole run {metrics['wall_seconds'] / 60:.1f} min"
+    )
+    fit = max(timing["fit_seconds"], 1e-9)
+    lines.append(
+        f"Of fit's {fit:.0f}s: steps {100 * timing['train_steps_seconds'] / fit:.0f}%, "
+        f"validation {100 * timing['validation_seconds'] / fit:.0f}%, "
+        f"epoch-end callbacks {100 * timing['epoch_end_seconds'] / fit:.0f}%; "
+        f"start-up {timing['startup_seconds']:.0f}s, test decoding "
+        f"{timing['test_decode_seconds']:.0f}s ({run_info['cpu']['summary']})"
     )
     for sample in run_info["samples"]:
         lines.append(f"  {sample['source']}")

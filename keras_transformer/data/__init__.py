@@ -1,10 +1,20 @@
 """Corpora, the shared vocabulary and the tf.data input pipeline."""
 
-from keras_transformer.data.pipeline import batch_statistics, bucket_sizes, make_dataset
+from keras_transformer.data.pipeline import (
+    InputTimer,
+    TokenizedSplit,
+    batch_statistics,
+    bucket_sizes,
+    make_dataset,
+    plan_statistics,
+    tokenize_split,
+)
 from keras_transformer.data.sources import TranslationData, load_translation_data
 from keras_transformer.data.vocabulary import get_tokenizer, load_tokenizer, train_vocabulary
 
 __all__ = [
+    "InputTimer",
+    "TokenizedSplit",
     "TranslationData",
     "batch_statistics",
     "bucket_sizes",
@@ -12,5 +22,7 @@ __all__ = [
     "load_tokenizer",
     "load_translation_data",
     "make_dataset",
+    "plan_statistics",
+    "tokenize_split",
     "train_vocabulary",
 ]
