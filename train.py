@@ -64,6 +64,12 @@ def parse_args(argv=None):
     parser.add_argument(
         "--no-test", dest="test", action="store_false", help="skip the final test decoding"
     )
+    parser.add_argument(
+        "--average-last",
+        type=int,
+        help="average the last k epoch checkpoints, k <= N chosen by validation loss "
+        "(1: no averaging; default 8)",
+    )
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--no-export", dest="export", action="store_false")
     return parser.parse_args(argv)

@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 
 import numpy as np
 
@@ -98,7 +99,15 @@ def _check_layout(model, path):
                 if isinstance(item, h5py.Dataset):
                     shapes.append(tuple(item.shape))
 
-            f.visititems(add_shape)
+            # A checkpoint written during training also holds the optimizer's
+            # state (`optimizer/vars`): not model weights, and not averaged.
+            for name in f:
+                if name != "optimizer":
+                    item = f[name]
+                    if isinstance(item, h5py.Dataset):
+                        add_shape(name, item)
+                    else:
+                        item.visititems(add_shape)
     except OSError as error:
         raise ValueError(f"{path!r} is not a Keras weights file: {error}") from error
     expected = collections.Counter(tuple(weight.shape) for weight in model.weights)
@@ -155,7 +164,10 @@ def average_checkpoints(model, paths):
     ]  # fmt: skip
     for path in paths:
         try:
-            model.load_weights(path)
+            with warnings.catch_warnings():
+                # The optimizer state in a training checkpoint is not averaged.
+                warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")
+                model.load_weights(path)
         except Exception as error:  # Keras raises ValueError, h5py KeyError or OSError
             raise ValueError(f"Weights file {path!r} does not match the model: {error}") from error
         for total, weight in zip(sums, weights, strict=True):

@@ -54,8 +54,8 @@ TRAINING_DEFAULTS = {
     # all (README, "Measured: the default run"). Small batches and a short
     # warm-up: in 15 minutes the number of updates is what limits learning.
     "cpu": dict(
-        epochs=100,
-        steps=300,
+        epochs=200,
+        steps=200,  # an epoch is a checkpoint: enough of them to average
         batch_tokens=1024,
         warmup_steps=300,
         learning_rate_scale=0.5,  # peak 1.8e-3; 1.0 learned slower
@@ -125,6 +125,7 @@ def run(
     alpha=0.6,
     ding_path=None,
     export=True,
+    average_last=None,
 ):
     """Trains a Transformer, evaluates it on the test split and writes `work_dir`.
 
@@ -156,6 +157,9 @@ def run(
         beam_size, alpha: beam search of the final test evaluation.
         ding_path: the Ding dictionary file.
         export: call `export_after_training` at the end.
+        average_last: at the end, average the last k epoch checkpoints for k in
+            1, 2, 3, 5, 8... up to this many, and keep the k with the lowest
+            validation loss (1: the last weights as they are; None: the preset's).
 
     Returns:
         dict: the contents of `run.json`.
@@ -179,6 +183,8 @@ def run(
     batch_tokens = batch_tokens or defaults["batch_tokens"]
     warmup_steps = warmup_steps or defaults["warmup_steps"]
     learning_rate_scale = learning_rate_scale or defaults.get("learning_rate_scale", 1.0)
+    if average_last is None:
+        average_last = defaults.get("average_last", 8)
     if validation_bleu_every is None:
         validation_bleu_every = defaults.get("validation_bleu_every", 1)
     if dtype_policy is None:
@@ -307,6 +313,11 @@ def run(
     )
     train_seconds = phases.first_step_seconds + phases.step_seconds
     model = _plain_float32(model)
+    averaging = None
+    if average_last > 1 and is_chief:
+        averaging_start = time.time()
+        averaging = _average_best(model, out_dir, average_last, val_ds, config)
+        averaging["seconds"] = time.time() - averaging_start
     history = {key: [float(v) for v in values] for key, values in history.history.items()}
 
     # Final evaluation: beam search on the test split, all pairs and full sentences.
@@ -399,6 +410,7 @@ def run(
             "alpha": alpha,
         },
         "history": history,
+        "averaging": averaging,
         "samples": samples,
     }
     if is_chief:
@@ -419,6 +431,42 @@ def run(
 def _write_run_info(out_dir, run_info):
     with open(os.path.join(out_dir, "run.json"), "w", encoding="utf-8") as f:
         json.dump(run_info, f, indent=2, ensure_ascii=False)
+
+
+def _average_best(model, work_dir, average_last, val_ds, config):
+    """Averages the last k checkpoints into `model` for the k with the lowest validation loss.
+
+    Returns:
+        dict: `chosen` k, and `val_loss` of every k tried (1 = the last weights).
+    """
+    from keras_transformer.averaging import average_checkpoints, checkpoint_paths
+
+    try:
+        paths = checkpoint_paths(work_dir)
+    except (FileNotFoundError, ValueError):
+        paths = []
+    loss = LabelSmoothedCrossEntropy(label_smoothing=0.1, pad_id=config.pad_id)
+    model.compile(loss=loss, jit_compile=False)
+    last_weights = model.get_weights()
+    def validation_loss():
+        logs = model.evaluate(val_ds, steps=val_ds.num_batches, verbose=0, return_dict=True)
+        return float(logs["loss"])
+
+    results = {1: validation_loss()}
+    best_k, best_weights = 1, last_weights
+    for k in (2, 3, 5, 8, 13, 21):
+        if k > min(average_last, len(paths)):
+            break
+        average_checkpoints(model, paths[-k:])
+        results[k] = validation_loss()
+        if results[k] < results[best_k]:
+            best_k, best_weights = k, model.get_weights()
+    model.set_weights(best_weights)
+    logger.info(
+        "Checkpoint averaging: validation loss by number of last checkpoints averaged %s; "
+        "keeping %d", {k: round(v, 4) for k, v in results.items()}, best_k,
+    )  # fmt: skip
+    return {"chosen": best_k, "val_loss": {str(k): v for k, v in results.items()}}
 
 
 def _sample_indices(count, sentences, per_kind=4):
