@@ -40,7 +40,6 @@ _PLACEHOLDERS = [
     (re.compile(r"\bjds\.(?!\w)"), "jemandes"),
     (re.compile(r"\bjd\.(?!\w)"), "jemand"),
 ]
-_SPACE = re.compile(r"\s+")
 _SPACE_BEFORE_PUNCT = re.compile(r"\s+([,.!?;:])")
 
 
@@ -52,12 +51,18 @@ def strip_annotations(text):
     return _ABBREVIATION.sub(" ", text)
 
 
+def _first_group(match):
+    return match.group(1)
+
+
 def clean_phrase(text):
     """Expands placeholders (`etw.` -> `etwas`, `sb.` -> `somebody`) and normalizes spaces."""
-    for pattern, replacement in _PLACEHOLDERS:
-        text = pattern.sub(replacement, text)
-    text = _SPACE.sub(" ", text).strip()
-    return _SPACE_BEFORE_PUNCT.sub(r"\1", text).strip(" ,")
+    if "." in text:  # Every placeholder has a `.`; most phrases have none.
+        for pattern, replacement in _PLACEHOLDERS:
+            text = pattern.sub(replacement, text)
+    text = " ".join(text.split())
+    # A function, not r"\1": re parses a template string on every call.
+    return _SPACE_BEFORE_PUNCT.sub(_first_group, text).strip(" ,")
 
 
 def is_sentence(german, english):
@@ -76,6 +81,34 @@ class Entry:
     pairs: list
 
 
+def _aligned_synonyms(line):
+    """Splits one dictionary line into its aligned sub-entries.
+
+    The one place that knows the line format: annotations are stripped, the
+    sides are split on `::`, `|` and `;`, and every synonym is cleaned.
+
+    Returns:
+        A list of `(german_synonyms, english_synonyms)`, one per `|` sub-entry
+        with a non-empty phrase on both sides, in line order; or None for
+        comments, lines without `::` and lines whose sides have different
+        numbers of `|` sub-entries.
+    """
+    line = line.strip()
+    if not line or line.startswith("#") or line.count(" :: ") != 1:
+        return None
+    german, english = (strip_annotations(side) for side in line.split(" :: "))
+    german_parts, english_parts = german.split("|"), english.split("|")
+    if len(german_parts) != len(english_parts):
+        return None
+    aligned = []
+    for german_part, english_part in zip(german_parts, english_parts, strict=True):
+        german_synonyms = [s for s in (clean_phrase(t) for t in german_part.split(";")) if s]
+        english_synonyms = [s for s in (clean_phrase(t) for t in english_part.split(";")) if s]
+        if german_synonyms and english_synonyms:
+            aligned.append((german_synonyms, english_synonyms))
+    return aligned
+
+
 def parse_line(line, synonyms="first"):
     """Parses one dictionary line into an `Entry`, or returns None.
 
@@ -90,46 +123,94 @@ def parse_line(line, synonyms="first"):
     """
     if synonyms not in ("first", "product"):
         raise ValueError(f"synonyms must be 'first' or 'product'. Received: synonyms={synonyms!r}")
-    line = line.strip()
-    if not line or line.startswith("#") or line.count(" :: ") != 1:
+    aligned = _aligned_synonyms(line)
+    if not aligned:
         return None
-    german, english = (strip_annotations(side) for side in line.split(" :: "))
-    german_parts, english_parts = german.split("|"), english.split("|")
-    if len(german_parts) != len(english_parts):
-        return None
-    pairs, headword = [], None
-    for german_part, english_part in zip(german_parts, english_parts, strict=True):
-        german_synonyms = [s for s in (clean_phrase(t) for t in german_part.split(";")) if s]
-        english_synonyms = [s for s in (clean_phrase(t) for t in english_part.split(";")) if s]
-        if not german_synonyms or not english_synonyms:
-            continue
-        if headword is None:
-            headword = german_synonyms[0].lower()
-        if synonyms == "first":
-            pairs.append((german_synonyms[0], english_synonyms[0]))
-        else:
-            pairs.extend((g, e) for g in german_synonyms for e in english_synonyms)
-    if not pairs:
-        return None
+    headword = aligned[0][0][0].lower()
+    if synonyms == "first":
+        pairs = [(germans[0], englishes[0]) for germans, englishes in aligned]
+    else:
+        pairs = [(g, e) for germans, englishes in aligned for g in germans for e in englishes]
     return Entry(headword, pairs)
 
 
-def read_entries(path=DEFAULT_CORPUS_PATH, synonyms="first"):
-    """Parses the dictionary file at `path` into a list of `Entry`."""
+def _read_lines(path):
+    """The lines of the dictionary file at `path`, with an install hint if it is missing."""
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            lines = f.readlines()
+            return f.readlines()
     except FileNotFoundError:
         raise FileNotFoundError(
             f"The Ding German-English dictionary was not found at {path}. {INSTALL_HINT}"
         ) from None
-    entries = [entry for entry in (parse_line(line, synonyms) for line in lines) if entry]
+
+
+def read_entries(path=DEFAULT_CORPUS_PATH, synonyms="first"):
+    """Parses the dictionary file at `path` into a list of `Entry`."""
+    entries = [
+        entry for entry in (parse_line(line, synonyms) for line in _read_lines(path)) if entry
+    ]
     if not entries:
         raise ValueError(
             f"No `german :: english` entries could be parsed from {path}; "
             "is it the Ding dictionary?"
         )
     return entries
+
+
+def accepted_translations(path=DEFAULT_CORPUS_PATH):
+    """Every English phrase the dictionary accepts for each German phrase.
+
+    A German phrase (cleaned as in `parse_line`) accepts all `;` synonyms of the
+    aligned English sub-entry of every sub-entry where it is any of the `;`
+    synonyms, on every line (sense) of the dictionary. The splits are not
+    involved: this is the reference set for scoring, not training data.
+
+    Returns:
+        dict mapping each German phrase to its accepted English phrases: a list
+        without duplicates, in file order, except that the English that
+        `parse_line(line, "first")` first pairs with that German phrase comes
+        first. Such a German phrase can be the source of several test pairs
+        (several senses); `accepted_references` puts each pair's own English first.
+    """
+    accepted, first = {}, {}
+    for line in _read_lines(path):
+        for german_synonyms, english_synonyms in _aligned_synonyms(line) or ():
+            first.setdefault(german_synonyms[0], english_synonyms[0])
+            for german in german_synonyms:
+                # A dict as an ordered set: insertion order, no duplicates.
+                accepted.setdefault(german, {}).update(dict.fromkeys(english_synonyms))
+    if not accepted:
+        raise ValueError(
+            f"No `german :: english` entries could be parsed from {path}; "
+            "is it the Ding dictionary?"
+        )
+    result = {}
+    for german, english in accepted.items():
+        head = first.get(german)
+        english = list(english)
+        if head is not None and english[0] != head:
+            english.remove(head)
+            english.insert(0, head)
+        result[german] = english
+    return result
+
+
+def accepted_references(pairs, accepted):
+    """Reference lists for scoring `pairs` with `evaluation.score_multi`.
+
+    Args:
+        pairs: list of `(german, english)`, e.g. a test split.
+        accepted: the dict of `accepted_translations`.
+
+    Returns:
+        One list per pair: the pair's own English first (the single reference),
+        then the other phrases `accepted` lists for its German side.
+    """
+    return [
+        [english] + [e for e in accepted.get(german, ()) if e != english]
+        for german, english in pairs
+    ]
 
 
 def _unit_hash(text):
