@@ -448,6 +448,7 @@ def _average_best(model, work_dir, average_last, val_ds, config):
     loss = LabelSmoothedCrossEntropy(label_smoothing=0.1, pad_id=config.pad_id)
     model.compile(loss=loss, jit_compile=False)
     last_weights = model.get_weights()
+
     def validation_loss():
         logs = model.evaluate(val_ds, steps=val_ds.num_batches, verbose=0, return_dict=True)
         return float(logs["loss"])
