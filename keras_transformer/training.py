@@ -37,7 +37,7 @@ from keras_transformer.distribution import (
     is_multi_worker,
     make_strategy,
 )
-from keras_transformer.evaluation import make_translate_fn, score
+from keras_transformer.evaluation import make_translate_fn, score, score_multi
 from keras_transformer.hardware import configure_threads, default_dtype_policy, describe_cpu
 from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
 from keras_transformer.model import Transformer
@@ -333,10 +333,20 @@ def run(
         references = [t for _, t in test_pairs]
         metrics["test"] = score(hypotheses, references)
         sentences = []
-        if data.info["name"] == "ding":  # full sentences mean something for the dictionary only
-            from keras_transformer.data.ding import is_sentence
+        if data.info["name"] == "ding":  # the dictionary's own structure
+            from keras_transformer.data import ding
 
-            sentences = [i for i, (s, t) in enumerate(test_pairs) if is_sentence(s, t)]
+            sentences = [i for i, (s, t) in enumerate(test_pairs) if ding.is_sentence(s, t)]
+            # A Ding entry often accepts several translations (`;` synonyms, other senses).
+            accepted = ding.accepted_references(
+                test_pairs, ding.accepted_translations(ding_path or ding.DEFAULT_CORPUS_PATH)
+            )
+            phrases = [i for i in range(len(test_pairs)) if i not in set(sentences)]
+            metrics["test_all_references"] = score_multi(hypotheses, accepted)
+            if phrases:
+                metrics["test_phrases_all_references"] = score_multi(
+                    [hypotheses[i] for i in phrases], [accepted[i] for i in phrases]
+                )
         if sentences:
             metrics["test_sentences"] = score(
                 [hypotheses[i] for i in sentences], [references[i] for i in sentences]
@@ -490,6 +500,15 @@ def _report(run_info):
         lines.append(
             f"Test, full sentences only ({m['segments']}): "
             f"BLEU {m['bleu']:.2f}  chrF {m['chrf']:.2f}"
+        )
+    if "test_phrases_all_references" in metrics:
+        m = metrics["test_phrases_all_references"]
+        lines.append(
+            f"Test, phrases against every accepted translation ({m['segments']}, "
+            f"{m['references_per_segment']:.2f} references each): BLEU {m['bleu']:.2f}  "
+            f"chrF {m['chrf']:.2f}  exact match {100 * m['exact_match']:.1f}% "
+            f"(single reference: chrF {m['chrf_single']:.2f}, "
+            f"exact {100 * m['exact_match_first']:.1f}%)"
         )
     if metrics["val_loss"] is not None:
         lines.append(f"Final validation loss {metrics['val_loss']:.3f}")
