@@ -64,6 +64,13 @@ def test_tiny_run_on_two_replicas_lowers_loss_and_writes_work_dir(corpus, tmp_pa
         assert os.path.exists(os.path.join(work_dir, name)), name
     for key in ("bleu", "chrf"):
         assert 0.0 <= info["metrics"]["test"][key] <= 100.0
+    # The wall clock is accounted for, and averaging chose the lowest validation loss.
+    timing = info["timing"]
+    assert 0 < timing["train_steps_seconds"] <= timing["fit_seconds"]
+    assert [point["step"] for point in info["curve"]] == [15, 30, 45]
+    averaged = info["averaging"]["val_loss"]
+    assert set(averaged) == {"1", "2", "3"}
+    assert averaged[str(info["averaging"]["chosen"])] == min(averaged.values())
     model, tokenizer, run_info = training.load_trained(work_dir)
     assert run_info["config"] == info["config"]
     assert model.config.vocab_size == tokenizer.vocabulary_size() == 64
