@@ -58,7 +58,12 @@ def parse_args(argv=None):
     )
     parser.add_argument("--fused-attention", action="store_true", help="use_fused_attention=True")
     parser.add_argument(
-        "--threads", type=int, default=1, help="compute threads per process (0: framework default)"
+        "--threads",
+        type=int,
+        default=0,
+        help="compute threads per process; default 0: the framework's defaults, as train.py "
+        "runs (no strategy on one device, TensorFlow's default pools); 1: the stable "
+        "one-thread comparison of earlier tables",
     )
     parser.add_argument("--json", help="also write the raw results here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
