@@ -4,6 +4,7 @@ Only parses arguments; everything happens in `keras_transformer.training.run`.
 """
 
 import argparse
+import importlib.util
 import logging
 import os
 
@@ -75,8 +76,21 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def _hardware():
+    """`keras_transformer/hardware.py` loaded on its own: importing it through the
+    package would first import TensorFlow (6 s) in a process about to be replaced."""
+    package = importlib.util.find_spec("keras_transformer")
+    path = os.path.join(package.submodule_search_locations[0], "hardware.py")
+    spec = importlib.util.spec_from_file_location("keras_transformer_hardware", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if argv is None:  # a command line: set the allocator up before TensorFlow loads
+        _hardware().reexec_with_malloc_env()
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

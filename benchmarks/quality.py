@@ -91,8 +91,18 @@ def parse_args(argv=None):
 # --------------------------------------------------------------------------- processes
 
 
+# train.py re-runs itself with these allocator settings (keras_transformer/hardware.py);
+# every process here gets them, so that both builds run on the same machine settings.
+# They are written out again rather than imported: the parent never imports TensorFlow.
+MALLOC_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+    "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
+    "MALLOC_TOP_PAD_": str(64 << 20),
+}
+
+
 def _env():
-    env = dict(os.environ, KERAS_BACKEND="tensorflow", PYTHONUNBUFFERED="1")
+    env = dict(MALLOC_ENV, **os.environ, KERAS_BACKEND="tensorflow", PYTHONUNBUFFERED="1")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     return env
