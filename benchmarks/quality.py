@@ -35,6 +35,7 @@ the validation loss, so its minutes are training-loop minutes.
 """
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -91,18 +92,19 @@ def parse_args(argv=None):
 # --------------------------------------------------------------------------- processes
 
 
-# train.py re-runs itself with these allocator settings (keras_transformer/hardware.py);
-# every process here gets them, so that both builds run on the same machine settings.
-# They are written out again rather than imported: the parent never imports TensorFlow.
-MALLOC_ENV = {
-    "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
-    "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
-    "MALLOC_TOP_PAD_": str(64 << 20),
-}
+def _malloc_env():
+    """`keras_transformer.hardware.MALLOC_ENV`, which train.py re-runs itself with: every
+    process here gets it, so that both builds run on the same machine settings. The
+    module is loaded alone (the package's __init__ would import TensorFlow here)."""
+    path = os.path.join(ROOT, "keras_transformer", "hardware.py")
+    spec = importlib.util.spec_from_file_location("keras_transformer_hardware", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.MALLOC_ENV
 
 
 def _env():
-    env = dict(MALLOC_ENV, **os.environ, KERAS_BACKEND="tensorflow", PYTHONUNBUFFERED="1")
+    env = {**_malloc_env(), **os.environ, "KERAS_BACKEND": "tensorflow", "PYTHONUNBUFFERED": "1"}
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     return env
