@@ -352,7 +352,10 @@ def make_generate(model, config, beam_size):
     banned = ops.logical_or(ops.equal(vocab, config.pad_id), ops.equal(vocab, config.bos_id))
     finished_logits = ops.where(ops.equal(vocab, config.pad_id), 0.0, -1e9)[None, :]  # (1, V)
 
-    @tf.function(reduce_retracing=True)
+    # Static shapes on every trace: with `reduce_retracing` a relaxed retrace enters
+    # keras-hub's sampler loop with a static batch that its body makes dynamic
+    # ("enters the loop with shape (64, None), but has shape (None, None)").
+    @tf.function
     def generate(source_ids, prompt):
         batch, length = ops.shape(prompt)[0], ops.shape(prompt)[1]
         source_mask = ops.not_equal(source_ids, config.pad_id)  # (B, S) True = real token
