@@ -209,8 +209,11 @@ def make_dataset(
         tokenizer: a `keras_hub` tokenizer (in-graph).
         max_length: int. Longer pairs (after adding BOS/EOS) are dropped.
         batch_tokens: int. About this many tokens per batch and side.
-        training: bool. Reshuffles every epoch and repeats forever, dropping
-            remainders that do not split evenly over the replicas.
+        training: bool. Reshuffles every epoch, dropping remainders that do
+            not split evenly over the replicas. Either way the dataset repeats
+            forever: evaluation passes are `num_batches` batches each, in the
+            same order, as Keras wants with `validation_steps` (it keeps the
+            validation iterator across epochs instead of restarting it).
         num_replicas: int. Batch sizes are multiples of it.
         seed: of the shuffling.
         bos_id, eos_id: the model's special ids.
@@ -219,7 +222,7 @@ def make_dataset(
     Returns:
         `tf.data.Dataset` of `({"source_ids", "target_ids"}, labels)`; its
         `tokenized` attribute is the `TokenizedSplit` and, for evaluation,
-        `num_batches` the batches of one pass.
+        `num_batches` the batches of one pass (pass it as `steps`).
     """
     split = pairs
     if not isinstance(split, TokenizedSplit):
@@ -242,8 +245,6 @@ def make_dataset(
                     timer.seconds += time.thread_time() - start
                     timer.batches += 1
                 yield batch
-            if not training:
-                return
 
     ds = tf.data.Dataset.from_generator(generate, output_signature=_SIGNATURE)
     options = tf.data.Options()
