@@ -1,4 +1,4 @@
-"""Training callbacks: validation BLEU, learning-rate logging, NaN guard, time budget."""
+"""Training callbacks: validation BLEU, learning-rate logging, NaN guard, time budget, phases."""
 
 import logging
 import math
@@ -87,21 +87,6 @@ class TimeBudget(keras.callbacks.Callback):
             self.stopped = True
             self.model.stop_training = True
             logger.info("Time budget of %.1f minutes reached; training stops.", self.seconds / 60)
-
-
-class WallTime(keras.callbacks.Callback):
-    """Measures the time spent in training steps (validation excluded) and the steps run."""
-
-    def __init__(self):
-        super().__init__()
-        self.seconds, self.steps, self._start = 0.0, 0, None
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self._start = time.time()
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.seconds += time.time() - self._start
-        self.steps += 1
 
 
 class PhaseTimer(keras.callbacks.Callback):

@@ -3,7 +3,6 @@
 from keras_transformer.data.pipeline import (
     InputTimer,
     TokenizedSplit,
-    batch_statistics,
     bucket_sizes,
     make_dataset,
     plan_statistics,
@@ -16,7 +15,6 @@ __all__ = [
     "InputTimer",
     "TokenizedSplit",
     "TranslationData",
-    "batch_statistics",
     "bucket_sizes",
     "get_tokenizer",
     "load_tokenizer",

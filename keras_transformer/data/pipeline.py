@@ -286,29 +286,3 @@ def plan_statistics(split, batch_tokens, num_replicas=1, seed=0):
         "target_tokens": real_target / count,
         "padding_share": 1.0 - (real_source + real_target) / max(positions, 1),
     }
-
-
-def batch_statistics(dataset, num_batches=50, pad_id=0):
-    """Mean real tokens per batch and padding share over `num_batches` batches.
-
-    Returns:
-        dict with `source_tokens`, `target_tokens` (mean non-pad tokens per
-        batch), `padding_share` (pad positions / all positions, both sides)
-        and `batch_size` (mean sequences per batch).
-    """
-    source_tokens, target_tokens, positions, sizes = [], [], [], []
-    for features, labels in dataset.take(num_batches).as_numpy_iterator():
-        source, target = features["source_ids"], labels
-        source_tokens.append(int(np.sum(source != pad_id)))
-        target_tokens.append(int(np.sum(target != pad_id)))
-        positions.append(source.size + target.size)
-        sizes.append(source.shape[0])
-    if not sizes:
-        raise ValueError("The dataset produced no batch; is the split empty?")
-    real = sum(source_tokens) + sum(target_tokens)
-    return {
-        "source_tokens": float(np.mean(source_tokens)),
-        "target_tokens": float(np.mean(target_tokens)),
-        "padding_share": 1.0 - real / sum(positions),
-        "batch_size": float(np.mean(sizes)),
-    }
