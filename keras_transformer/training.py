@@ -455,13 +455,18 @@ def _average_best(model, work_dir, average_last, val_ds, config):
         paths = checkpoint_paths(work_dir)
     except (FileNotFoundError, ValueError):
         paths = []
-    loss = LabelSmoothedCrossEntropy(label_smoothing=0.1, pad_id=config.pad_id)
-    model.compile(loss=loss, jit_compile=False)
+    loss_fn = LabelSmoothedCrossEntropy(label_smoothing=0.1, pad_id=config.pad_id)
+    batches = list(val_ds.take(val_ds.num_batches))
     last_weights = model.get_weights()
 
     def validation_loss():
-        logs = model.evaluate(val_ds, steps=val_ds.num_batches, verbose=0, return_dict=True)
-        return float(logs["loss"])
+        """Token-weighted over the whole split; the model's compile state is left alone."""
+        total = tokens = 0.0
+        for features, labels in batches:
+            real = float(keras.ops.sum(keras.ops.cast(labels != config.pad_id, "float32")))
+            total += float(loss_fn(labels, model(features, training=False))) * real
+            tokens += real
+        return total / tokens
 
     results = {1: validation_loss()}
     best_k, best_weights = 1, last_weights
