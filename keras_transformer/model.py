@@ -163,11 +163,21 @@ class Transformer(keras.Model):
             x = self.encoder_norm(x)
         return x
 
-    def decode(self, target_ids, encoder_outputs, source_ids, training=None):
-        """`(B, T)` target ids and the encoder output -> `(B, T, V)` float32 logits."""
+    def decode(
+        self, target_ids, encoder_outputs, source_ids, training=None, return_attention_scores=False
+    ):
+        """`(B, T)` target ids and the encoder output -> `(B, T, V)` float32 logits.
+
+        With `return_attention_scores=True`, returns `(logits, scores)`:
+        `scores["self_attention"]` `(B, L, N, T, T)` and
+        `scores["cross_attention"]` `(B, L, N, T, S)`, the attention
+        probabilities of every decoder layer and head (no dropout; rows sum
+        to 1, padded source positions get 0). The default path is unchanged.
+        """
         source_mask = padding_mask_from_ids(ops.cast(source_ids, "int32"), self.config.pad_id)
         target_mask = padding_mask_from_ids(ops.cast(target_ids, "int32"), self.config.pad_id)
         x = self._embed(target_ids, training=training)
+        layer_scores = []
         for layer in self.decoder_layers:
             x = layer(
                 x,
@@ -175,8 +185,19 @@ class Transformer(keras.Model):
                 padding_mask=target_mask,
                 encoder_padding_mask=source_mask,
                 training=training,
+                return_attention_scores=return_attention_scores,
             )
-        return self._logits(x)
+            if return_attention_scores:
+                x, scores = x
+                layer_scores.append(scores)
+        logits = self._logits(x)
+        if not return_attention_scores:
+            return logits
+        scores = {
+            name: ops.stack([scores[name] for scores in layer_scores], axis=1)
+            for name in ("self_attention", "cross_attention")
+        }  # (B, L, N, T, T) and (B, L, N, T, S)
+        return logits, scores
 
     def _logits(self, x):
         if self.decoder_norm is not None:
@@ -207,10 +228,7 @@ class Transformer(keras.Model):
         """
         source_ids = ops.cast(source_ids, "int32")
         encoder_outputs = self.encode(source_ids, training=False)  # (B, S, D)
-        cross = [
-            layer.cross_attention.compute_key_value(encoder_outputs)
-            for layer in self.decoder_layers
-        ]
+        cross = [layer.compute_cross_key_value(encoder_outputs) for layer in self.decoder_layers]
         cross_key = ops.stack([k for k, _ in cross], axis=1)  # (B, L, S, N, H)
         cross_value = ops.stack([v for _, v in cross], axis=1)
         batch_size = ops.shape(source_ids)[0]
@@ -250,9 +268,9 @@ class Transformer(keras.Model):
                 x,
                 cache["self_key"][:, i],
                 cache["self_value"][:, i],
-                cache["cross_key"][:, i],
-                cache["cross_value"][:, i],
-                cache_index=index,
+                index,
+                cross_key=cache["cross_key"][:, i],
+                cross_value=cache["cross_value"][:, i],
                 encoder_padding_mask=cache["source_mask"],
             )
             self_keys.append(key)

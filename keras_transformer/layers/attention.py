@@ -70,10 +70,11 @@ class MultiHeadAttention(keras.layers.Layer):
     those of `keras.layers.MultiHeadAttention` (`EinsumDense`), so weights
     copy between the two one to one; they run as 2-D matmuls, which
     TensorFlow differentiates faster. Padding and causal masks are combined in one place,
-    `merge_masks`. For incremental decoding, `call_with_cache` appends one
-    query step to a fixed-size key/value cache without
-    `ops.slice_update` (which exports as an XLA-only op); cross-attention
-    keys and values are computed once with `compute_key_value`.
+    `merge_masks`. Incremental decoding has two methods: `call_with_cache`
+    (self-attention) appends one query step to a fixed-size key/value cache
+    without `ops.slice_update` (which exports as an XLA-only op);
+    `call_with_key_value` (cross-attention) attends over keys and values
+    computed once with `compute_key_value`.
 
     Args:
         d_model: int. Size of the input and output features (D).
@@ -94,9 +95,14 @@ class MultiHeadAttention(keras.layers.Layer):
         attention_mask: `(B, T, S)` bool, True where attention is allowed.
         use_causal_mask: bool. Forbid query t from attending to keys > t.
         training: bool. Enables attention dropout.
+        return_attention_scores: bool. Also return the attention
+            probabilities, as `keras.layers.MultiHeadAttention` does. Runs
+            the explicit softmax even with `use_fused_attention`.
 
     Returns:
-        `(B, T, D)` tensor.
+        `(B, T, D)` tensor; with `return_attention_scores=True`,
+        `(output (B, T, D), scores (B, N, T, S))`, each score row summing
+        to 1 with 0 on masked keys.
 
     Example:
 
@@ -184,6 +190,7 @@ class MultiHeadAttention(keras.layers.Layer):
         attention_mask=None,
         use_causal_mask=False,
         training=None,
+        return_attention_scores=False,
     ):
         value = query if value is None else value
         key, value = self.compute_key_value(value, key)  # (B, S, N, H) each
@@ -195,39 +202,32 @@ class MultiHeadAttention(keras.layers.Layer):
             attention_mask=attention_mask,
             use_causal_mask=use_causal_mask,
         )  # (B, T, S) or None
+        if return_attention_scores:
+            return self._attend_with_scores(query, key, value, mask, training)
         return self._attend(query, key, value, mask, training)
 
-    def call_with_cache(
-        self,
-        query,
-        cache_key,
-        cache_value,
-        cache_index=None,
-        padding_mask=None,
-        training=None,
-    ):
-        """Attends from new query steps with cached keys and values.
+    def call_with_cache(self, query, cache_key, cache_value, cache_index, padding_mask=None):
+        """Self-attention for one decoding step, against a growing key/value cache.
 
-        Self-attention (`cache_index` given): the query is one decoding step,
-        `(B, 1, D)`. Its key and value are written at position `cache_index`
-        of the fixed-size cache `(B, T_max, N, H)`, and the query attends to
-        positions `<= cache_index`. The write is a one-hot blend, which keeps
-        shapes static and exports to plain TensorFlow/ONNX ops.
+        The query is the newest step, `(B, 1, D)`. Its key and value are
+        written at position `cache_index` of the fixed-size cache
+        `(B, T_max, N, H)`, and it attends to positions `<= cache_index`
+        (the causal mask of `call`, one row at a time). The write is a
+        one-hot blend, which keeps shapes static and exports to plain
+        TensorFlow/ONNX ops. Inference only: no attention dropout.
 
-        Cross-attention (`cache_index=None`): `cache_key` and `cache_value`
-        come from `compute_key_value(encoder_output)` and are not changed;
-        `padding_mask` `(B, S)` masks the source padding.
+        Args:
+            query: `(B, 1, D)`.
+            cache_key, cache_value: `(B, T_max, N, H)`; positions
+                `< cache_index` hold the earlier steps.
+            cache_index: `(B,)` int, the position of `query`.
+            padding_mask: optional `(B, T_max)` bool, True for real steps.
 
         Returns:
-            `(output (B, T, D), cache_key, cache_value)`.
+            `(output (B, 1, D), (cache_key, cache_value))`, the cache with
+            this step written in.
         """
-        query_heads = self.query_dense(query)  # (B, T, N, H)
-        if cache_index is None:
-            mask = merge_masks(query_heads, cache_key, padding_mask=padding_mask)
-            return self._attend(query_heads, cache_key, cache_value, mask, training), (
-                cache_key,
-                cache_value,
-            )
+        query_heads = self.query_dense(query)  # (B, 1, N, H)
         cache_length = ops.shape(cache_key)[1]
         cache_index = ops.cast(cache_index, "int32")
         key, value = self.compute_key_value(query)  # (B, 1, N, H) each
@@ -239,31 +239,58 @@ class MultiHeadAttention(keras.layers.Layer):
         mask = positions[None, None, :] <= cache_index[:, None, None]  # (B, 1, T_max)
         if padding_mask is not None:
             mask = ops.logical_and(mask, ops.cast(padding_mask, "bool")[:, None, :])
-        output = self._attend(query_heads, cache_key, cache_value, mask, training)
+        output = self._attend(query_heads, cache_key, cache_value, mask, training=False)
         return output, (cache_key, cache_value)
+
+    def call_with_key_value(self, query, key, value, padding_mask=None, training=None):
+        """Attention over keys and values projected beforehand by `compute_key_value`.
+
+        For cross-attention while decoding: the encoder output is projected
+        once, and every step's query attends to it. Equals
+        `call(query, encoder_outputs, padding_mask=padding_mask)`.
+
+        Args:
+            query: `(B, T, D)`.
+            key, value: `(B, S, N, H)`, from `compute_key_value`.
+            padding_mask: optional `(B, S)` bool, True for real keys.
+            training: bool. Enables attention dropout.
+
+        Returns:
+            `(B, T, D)` tensor.
+        """
+        query = self.query_dense(query)  # (B, T, N, H)
+        mask = merge_masks(query, key, padding_mask=padding_mask)  # (B, 1, S) or None
+        return self._attend(query, key, value, mask, training)
 
     def _attend(self, query, key, value, mask, training):
         """Scaled dot-product attention (Section 3.2.1) and the output projection.
 
         query: (B, T, N, H); key, value: (B, S, N, H); mask: (B, T, S) bool.
         """
-        scale = 1.0 / math.sqrt(self.head_dim)
         dropout_active = training and self.dropout > 0
         if self.use_fused_attention and not dropout_active:
             fused_mask = None if mask is None else mask[:, None, :, :]  # (B, 1, T, S)
             context = ops.dot_product_attention(
-                query, key, value, mask=fused_mask, scale=scale
+                query, key, value, mask=fused_mask, scale=1.0 / math.sqrt(self.head_dim)
             )  # (B, T, N, H)
-        else:
-            # Scores, masking and softmax in float32, also under mixed precision.
-            scores = ops.einsum("btnh,bsnh->bnts", query, key)  # (B, N, T, S)
-            scores = ops.cast(scores, "float32") * scale
-            if mask is not None:
-                scores = ops.where(mask[:, None, :, :], scores, _NEG_INF)
-            weights = ops.cast(ops.softmax(scores, axis=-1), query.dtype)
-            weights = self.dropout_layer(weights, training=training)  # (B, N, T, S)
-            context = ops.einsum("bnts,bsnh->btnh", weights, value)  # (B, T, N, H)
-        return self.output_dense(context)  # (B, T, D)
+            return self.output_dense(context)  # (B, T, D)
+        return self._attend_with_scores(query, key, value, mask, training)[0]
+
+    def _attend_with_scores(self, query, key, value, mask, training):
+        """`_attend` without the fused op: `(output (B, T, D), scores (B, N, T, S))`.
+
+        The scores are the attention probabilities before dropout; each row
+        sums to 1 and masked keys get 0.
+        """
+        # Scores, masking and softmax in float32, also under mixed precision.
+        logits = ops.einsum("btnh,bsnh->bnts", query, key)  # (B, N, T, S)
+        logits = ops.cast(logits, "float32") * (1.0 / math.sqrt(self.head_dim))
+        if mask is not None:
+            logits = ops.where(mask[:, None, :, :], logits, _NEG_INF)
+        scores = ops.cast(ops.softmax(logits, axis=-1), query.dtype)  # (B, N, T, S)
+        weights = self.dropout_layer(scores, training=training)
+        context = ops.einsum("bnts,bsnh->btnh", weights, value)  # (B, T, N, H)
+        return self.output_dense(context), scores  # (B, T, D), (B, N, T, S)
 
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
         return tuple(query_shape[:-1]) + (self.d_model,)

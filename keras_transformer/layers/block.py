@@ -59,11 +59,18 @@ class TransformerBlock(keras.layers.Layer):
     def _layer_norm(self, name):
         return layer_norm(self.layer_norm_epsilon, self.dtype_policy, name)
 
-    def _connect(self, x, sublayer, norm, training):
-        """Post-LN `norm(x + dropout(f(x)))` (the paper) or pre-LN `x + dropout(f(norm(x)))`."""
-        if self.norm_first:
-            return x + self.dropout_layer(sublayer(norm(x)), training=training)
-        return norm(x + self.dropout_layer(sublayer(x), training=training))
+    def _sublayer_input(self, x, norm):
+        """What a sub-layer reads: `x` (post-LN, the paper) or `norm(x)` (pre-LN)."""
+        return norm(x) if self.norm_first else x
+
+    def _add_residual(self, x, sublayer_output, norm, training):
+        """Post-LN `norm(x + dropout(y))` (the paper) or pre-LN `x + dropout(y)`.
+
+        With `y = sublayer(self._sublayer_input(x, norm))`, one sub-layer reads
+        as in Section 5.4: `LayerNorm(x + Dropout(Sublayer(x)))`.
+        """
+        x = x + self.dropout_layer(sublayer_output, training=training)
+        return x if self.norm_first else norm(x)
 
     def get_config(self):
         config = super().get_config()

@@ -1,4 +1,4 @@
-"""Decoder layer (Section 3.1)."""
+"""Decoder layer (Section 3.1), with or without cross-attention."""
 
 import keras
 
@@ -14,6 +14,15 @@ class DecoderLayer(TransformerBlock):
     `norm_first=True`. Self-attention is causal: "preventing positions from
     attending to subsequent positions".
 
+    Without `encoder_outputs` the layer is a decoder-only block (causal
+    self-attention and feed-forward, as in a GPT-style language model, or
+    keras-hub's `TransformerDecoder` called without `encoder_sequence`).
+    Which kind a layer is, is fixed when it is built: the cross-attention
+    sub-layers get weights only when the layer is built with the shape of
+    `encoder_outputs` (called with them, or `build(inputs_shape,
+    encoder_outputs_shape)`), and a built layer must then always be called
+    the same way.
+
     Args:
         d_model: int. Model size (D).
         num_heads: int. Attention heads; must divide `d_model`.
@@ -27,76 +36,144 @@ class DecoderLayer(TransformerBlock):
 
     Call arguments:
         inputs: `(B, T, D)` target-side tensor.
-        encoder_outputs: `(B, S, D)` encoder output.
+        encoder_outputs: `(B, S, D)` encoder output, or None for a
+            decoder-only layer.
         padding_mask: `(B, T)` bool, True for real target tokens; defaults
             to the Keras mask of `inputs`.
         encoder_padding_mask: `(B, S)` bool, True for real source tokens;
             defaults to the Keras mask of `encoder_outputs`.
         training: bool.
+        return_attention_scores: bool. Also return the attention
+            probabilities: `(outputs, scores)` with `scores["self_attention"]`
+            `(B, N, T, T)` and, with encoder outputs,
+            `scores["cross_attention"]` `(B, N, T, S)`.
 
-    `call_with_cache` runs one decoding step against a key/value cache and
-    gives the same result as `call` at that position.
+    Returns:
+        `(B, T, D)` tensor (or `(outputs, scores)`, see above).
 
-    Example:
+    Incremental decoding: `compute_cross_key_value(encoder_outputs)` projects
+    the encoder output once; `call_with_cache` runs one step against the
+    self-attention cache and those keys and values, and gives the same
+    result as `call` at that position.
+
+    Examples:
 
     >>> layer = DecoderLayer(d_model=16, num_heads=2, d_ff=32)
     >>> y = layer(keras.ops.ones((2, 3, 16)), keras.ops.ones((2, 5, 16)))
     >>> y.shape
     (2, 3, 16)
+
+    Decoder-only, as in a causal language model; no cross-attention weights:
+
+    >>> layer = DecoderLayer(d_model=16, num_heads=2, d_ff=32)
+    >>> layer(keras.ops.ones((2, 3, 16))).shape
+    (2, 3, 16)
+    >>> layer.has_cross_attention, layer.count_params()
+    (False, 2224)
     """
 
     def __init__(self, d_model, num_heads, d_ff, **kwargs):
         super().__init__(d_model, num_heads, d_ff, **kwargs)
+        # Created here, given weights in `build` only for encoder-decoder use.
         self.cross_attention = self._attention("cross_attention")
         self.cross_attention_norm = self._layer_norm("cross_attention_norm")
+        self.has_cross_attention = None  # known once built
 
     def build(self, inputs_shape, encoder_outputs_shape=None):
-        encoder_outputs_shape = encoder_outputs_shape or inputs_shape
         self.self_attention.build(inputs_shape, inputs_shape)
         self.self_attention_norm.build(inputs_shape)
-        self.cross_attention.build(inputs_shape, encoder_outputs_shape)
-        self.cross_attention_norm.build(inputs_shape)
+        self.has_cross_attention = encoder_outputs_shape is not None
+        if self.has_cross_attention:
+            self.cross_attention.build(inputs_shape, encoder_outputs_shape)
+            self.cross_attention_norm.build(inputs_shape)
         self.feed_forward.build(inputs_shape)
         self.feed_forward_norm.build(inputs_shape)
         self.built = True
 
+    def _check_encoder_outputs(self, encoder_outputs):
+        if self.has_cross_attention and encoder_outputs is None:
+            raise ValueError(
+                f"DecoderLayer '{self.name}' was built with cross-attention, so it needs "
+                "encoder_outputs. Received: encoder_outputs=None"
+            )
+        if not self.has_cross_attention and encoder_outputs is not None:
+            raise ValueError(
+                f"DecoderLayer '{self.name}' was built without encoder outputs (decoder-only) "
+                "and has no cross-attention weights; call it without encoder_outputs, or "
+                "build a new layer with them. Received: encoder_outputs of shape "
+                f"{tuple(encoder_outputs.shape)}"
+            )
+
     def call(
         self,
         inputs,
-        encoder_outputs,
+        encoder_outputs=None,
         padding_mask=None,
         encoder_padding_mask=None,
         training=None,
+        return_attention_scores=False,
     ):
+        self._check_encoder_outputs(encoder_outputs)
         if padding_mask is None:
             padding_mask = getattr(inputs, "_keras_mask", None)
-        if encoder_padding_mask is None:
-            encoder_padding_mask = getattr(encoder_outputs, "_keras_mask", None)
+        scores = {}
 
-        def self_attend(x):
-            return self.self_attention(
-                x, padding_mask=padding_mask, use_causal_mask=True, training=training
+        h = self._sublayer_input(inputs, self.self_attention_norm)
+        h = self.self_attention(
+            h,
+            padding_mask=padding_mask,
+            use_causal_mask=True,
+            training=training,
+            return_attention_scores=return_attention_scores,
+        )
+        if return_attention_scores:
+            h, scores["self_attention"] = h  # (B, N, T, T)
+        x = self._add_residual(inputs, h, self.self_attention_norm, training)  # (B, T, D)
+
+        if self.has_cross_attention:
+            if encoder_padding_mask is None:
+                encoder_padding_mask = getattr(encoder_outputs, "_keras_mask", None)
+            h = self._sublayer_input(x, self.cross_attention_norm)
+            h = self.cross_attention(
+                h,
+                encoder_outputs,
+                padding_mask=encoder_padding_mask,
+                training=training,
+                return_attention_scores=return_attention_scores,
             )
+            if return_attention_scores:
+                h, scores["cross_attention"] = h  # (B, N, T, S)
+            x = self._add_residual(x, h, self.cross_attention_norm, training)  # (B, T, D)
 
-        def cross_attend(x):
-            return self.cross_attention(
-                x, encoder_outputs, padding_mask=encoder_padding_mask, training=training
+        h = self.feed_forward(self._sublayer_input(x, self.feed_forward_norm), training=training)
+        x = self._add_residual(x, h, self.feed_forward_norm, training)  # (B, T, D)
+        return (x, scores) if return_attention_scores else x
+
+    def compute_cross_key_value(self, encoder_outputs):
+        """Projects the encoder output once for `call_with_cache`.
+
+        Args:
+            encoder_outputs: `(B, S, D)`.
+
+        Returns:
+            `(cross_key, cross_value)`, each `(B, S, N, H)`.
+        """
+        if not self.built:
+            raise ValueError(
+                f"DecoderLayer '{self.name}' is not built yet; build it with "
+                "`build(inputs_shape, encoder_outputs_shape)` before precomputing keys and values"
             )
-
-        x = self._connect(inputs, self_attend, self.self_attention_norm, training)  # (B, T, D)
-        x = self._connect(x, cross_attend, self.cross_attention_norm, training)  # (B, T, D)
-        return self._connect(
-            x, lambda h: self.feed_forward(h, training=training), self.feed_forward_norm, training
-        )  # (B, T, D)
+        self._check_encoder_outputs(encoder_outputs)
+        return self.cross_attention.compute_key_value(encoder_outputs)
 
     def call_with_cache(
         self,
         inputs,
         self_key,
         self_value,
-        cross_key,
-        cross_value,
         cache_index,
+        cross_key=None,
+        cross_value=None,
         encoder_padding_mask=None,
     ):
         """One decoding step at position `cache_index` (inference only).
@@ -104,34 +181,30 @@ class DecoderLayer(TransformerBlock):
         Args:
             inputs: `(B, 1, D)` embedding of the newest target token.
             self_key, self_value: `(B, T_max, N, H)` self-attention cache.
-            cross_key, cross_value: `(B, S, N, H)` from
-                `cross_attention.compute_key_value(encoder_outputs)`.
             cache_index: `(B,)` int, the position being decoded.
-            encoder_padding_mask: `(B, S)` bool.
+            cross_key, cross_value: `(B, S, N, H)` from
+                `compute_cross_key_value(encoder_outputs)`; None for a
+                decoder-only layer.
+            encoder_padding_mask: `(B, S)` bool, True for real source tokens.
 
         Returns:
-            `(outputs (B, 1, D), (self_key, self_value))` with the step written
-            into the cache.
+            `(outputs (B, 1, D), (self_key, self_value))`, the self-attention
+            cache with this step written in (the cross-attention keys and
+            values never change).
         """
-        new_cache = []
-
-        def self_attend(x):
-            output, cache = self.self_attention.call_with_cache(
-                x, self_key, self_value, cache_index=cache_index
+        self._check_encoder_outputs(cross_key)
+        h = self._sublayer_input(inputs, self.self_attention_norm)
+        h, self_cache = self.self_attention.call_with_cache(h, self_key, self_value, cache_index)
+        x = self._add_residual(inputs, h, self.self_attention_norm, False)  # (B, 1, D)
+        if self.has_cross_attention:
+            h = self._sublayer_input(x, self.cross_attention_norm)
+            h = self.cross_attention.call_with_key_value(
+                h, cross_key, cross_value, padding_mask=encoder_padding_mask
             )
-            new_cache.extend(cache)
-            return output
-
-        def cross_attend(x):
-            output, _ = self.cross_attention.call_with_cache(
-                x, cross_key, cross_value, padding_mask=encoder_padding_mask
-            )
-            return output
-
-        x = self._connect(inputs, self_attend, self.self_attention_norm, False)
-        x = self._connect(x, cross_attend, self.cross_attention_norm, False)
-        x = self._connect(x, self.feed_forward, self.feed_forward_norm, False)
-        return x, tuple(new_cache)
+            x = self._add_residual(x, h, self.cross_attention_norm, False)  # (B, 1, D)
+        h = self.feed_forward(self._sublayer_input(x, self.feed_forward_norm))
+        x = self._add_residual(x, h, self.feed_forward_norm, False)  # (B, 1, D)
+        return x, self_cache
 
     def compute_mask(self, inputs, encoder_outputs=None, mask=None, **kwargs):
         return getattr(inputs, "_keras_mask", None)

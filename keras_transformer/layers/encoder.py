@@ -52,16 +52,13 @@ class EncoderLayer(TransformerBlock):
         if padding_mask is None:
             padding_mask = getattr(inputs, "_keras_mask", None)
 
-        def attend(x):
-            return self.self_attention(
-                x, padding_mask=padding_mask, attention_mask=attention_mask, training=training
-            )
-
-        def feed_forward(x):
-            return self.feed_forward(x, training=training)
-
-        x = self._connect(inputs, attend, self.self_attention_norm, training)  # (B, S, D)
-        return self._connect(x, feed_forward, self.feed_forward_norm, training)  # (B, S, D)
+        h = self._sublayer_input(inputs, self.self_attention_norm)
+        h = self.self_attention(
+            h, padding_mask=padding_mask, attention_mask=attention_mask, training=training
+        )
+        x = self._add_residual(inputs, h, self.self_attention_norm, training)  # (B, S, D)
+        h = self.feed_forward(self._sublayer_input(x, self.feed_forward_norm), training=training)
+        return self._add_residual(x, h, self.feed_forward_norm, training)  # (B, S, D)
 
     def compute_mask(self, inputs, mask=None):
         return mask
