@@ -167,9 +167,52 @@ def test_call_with_cache_matches_causal_call():
     for t in range(length):
         index = np.full((batch,), t, dtype="int32")
         step, (cache_key, cache_value) = layer.call_with_cache(
-            x[:, t : t + 1], cache_key, cache_value, cache_index=index
+            x[:, t : t + 1], cache_key, cache_value, index
         )
         np.testing.assert_allclose(_np(step)[:, 0], expected[:, t], atol=ATOL)
+    # The cache now holds every step's projected key and value.
+    key, value = layer.compute_key_value(x)
+    np.testing.assert_allclose(_np(cache_key), _np(key), atol=ATOL)
+    np.testing.assert_allclose(_np(cache_value), _np(value), atol=ATOL)
+
+
+@pytest.mark.multibackend
+def test_call_with_key_value_matches_cross_attention_call():
+    """Keys and values projected once (T=3 queries, S=7 keys) give the same result as `call`."""
+    batch, query_length, key_length = 2, 3, 7
+    layer = MultiHeadAttention(D_MODEL, NUM_HEADS)
+    query = np.random.normal(size=(batch, query_length, D_MODEL)).astype("float32")
+    memory = np.random.normal(size=(batch, key_length, D_MODEL)).astype("float32")
+    padding = _padding([7, 2], key_length)
+    expected = _np(layer(query, memory, padding_mask=padding))
+    key, value = layer.compute_key_value(memory)  # (B, S, N, H) each
+    actual = layer.call_with_key_value(query, key, value, padding_mask=padding)
+    np.testing.assert_allclose(_np(actual), expected, atol=ATOL)
+    # One query step at a time, as decoding runs it.
+    step = layer.call_with_key_value(query[:, 1:2], key, value, padding_mask=padding)
+    np.testing.assert_allclose(_np(step)[:, 0], expected[:, 1], atol=ATOL)
+
+
+@pytest.mark.multibackend
+@pytest.mark.parametrize("use_fused_attention", [False, True], ids=["plain", "fused"])
+def test_attention_scores_match_keras(use_fused_attention):
+    """The returned probabilities equal Keras', rows sum to 1, masked keys get exactly 0."""
+    batch, query_length, key_length = 2, 3, 6
+    ours, theirs = _pair(query_length, key_length, use_fused_attention=use_fused_attention)
+    query = np.random.normal(size=(batch, query_length, D_MODEL)).astype("float32")
+    value = np.random.normal(size=(batch, key_length, D_MODEL)).astype("float32")
+    padding = _padding([6, 2], key_length)
+    output, scores = ours(query, value, padding_mask=padding, return_attention_scores=True)
+    scores = _np(scores)
+    assert scores.shape == (batch, NUM_HEADS, query_length, key_length)  # (B, N, T, S)
+    np.testing.assert_allclose(
+        _np(output), _np(ours(query, value, padding_mask=padding)), atol=ATOL
+    )
+    attention_mask = np.broadcast_to(padding[:, None, :], (batch, query_length, key_length))
+    _, expected = theirs(query, value, attention_mask=attention_mask, return_attention_scores=True)
+    np.testing.assert_allclose(scores, _np(expected), atol=ATOL)
+    np.testing.assert_allclose(scores.sum(axis=-1), 1.0, atol=ATOL)
+    np.testing.assert_array_equal(scores[1, :, :, 2:], 0.0)
 
 
 def test_bad_arguments_name_the_value():
