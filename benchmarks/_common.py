@@ -15,6 +15,7 @@ source/target/output embedding scaled by sqrt(D), sinusoidal positions):
     keras_mha          `keras.layers.MultiHeadAttention` blocks, below
 """
 
+import importlib.util
 import json
 import math
 import os
@@ -30,8 +31,21 @@ CANDIDATES = ("keras_transformer", "keras_hub", "keras_mha")
 # --------------------------------------------------------------------------- processes
 
 
+def malloc_env():
+    """`keras_transformer.hardware.MALLOC_ENV`, the allocator settings train.py re-runs
+    itself with, so that benchmark processes run as users' training does. The module
+    is loaded alone: the package's `__init__` would import a backend in the parent."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(root, "keras_transformer", "hardware.py")
+    spec = importlib.util.spec_from_file_location("keras_transformer_hardware", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return dict(module.MALLOC_ENV)
+
+
 def thread_env(threads):
-    """Environment that limits every framework to `threads` compute threads (0: their default).
+    """Environment that limits every framework to `threads` compute threads (0: their
+    defaults and train.py's allocator settings, as users train).
 
     On a small shared machine this matters more than anything else: with 2
     cores and other processes running, an OpenMP or Eigen pool of 2 threads
@@ -40,7 +54,7 @@ def thread_env(threads):
     numbers; the matmul peak is measured with the same setting.
     """
     if not threads:
-        return {}
+        return malloc_env()  # train.py's settings: the allocator's included
     n = str(threads)
     return {
         "OMP_NUM_THREADS": n,

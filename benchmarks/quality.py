@@ -35,7 +35,6 @@ the validation loss, so its minutes are training-loop minutes.
 """
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -47,6 +46,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from benchmarks import _common  # noqa: E402
 
 BUILDS = ("keras_transformer", "keras_hub")
 FRACTIONS = (1 / 3, 2 / 3, 1.0)
@@ -92,19 +93,9 @@ def parse_args(argv=None):
 # --------------------------------------------------------------------------- processes
 
 
-def _malloc_env():
-    """`keras_transformer.hardware.MALLOC_ENV`, which train.py re-runs itself with: every
-    process here gets it, so that both builds run on the same machine settings. The
-    module is loaded alone (the package's __init__ would import TensorFlow here)."""
-    path = os.path.join(ROOT, "keras_transformer", "hardware.py")
-    spec = importlib.util.spec_from_file_location("keras_transformer_hardware", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.MALLOC_ENV
-
-
 def _env():
-    env = {**_malloc_env(), **os.environ, "KERAS_BACKEND": "tensorflow", "PYTHONUNBUFFERED": "1"}
+    env = {**_common.malloc_env(), **os.environ}
+    env.update(KERAS_BACKEND="tensorflow", PYTHONUNBUFFERED="1")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     return env
