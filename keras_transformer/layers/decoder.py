@@ -193,6 +193,7 @@ class DecoderLayer(TransformerBlock):
             values never change).
         """
         self._check_encoder_outputs(cross_key)
+        inputs = keras.ops.convert_to_tensor(inputs)  # the residual adds it to a tensor
         h = self._sublayer_input(inputs, self.self_attention_norm)
         h, self_cache = self.self_attention.call_with_cache(h, self_key, self_value, cache_index)
         x = self._add_residual(inputs, h, self.self_attention_norm, False)  # (B, 1, D)
