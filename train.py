@@ -31,7 +31,15 @@ def parse_args(argv=None):
     parser.add_argument("--work-dir", default="work", help="output folder (default work/)")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument(
-        "--vocab-size", type=int, help="shared BPE vocabulary size (default: preset)"
+        "--vocab-size",
+        type=int,
+        help="shared BPE vocabulary size (default: the preset's)",
+    )
+    parser.add_argument(
+        "--dropout",
+        type=float,
+        help="dropout of the model (default: the preset's on Ding; 0.3 on other corpora "
+        "below 200k pairs)",
     )
     parser.add_argument(
         "--logical-devices", type=int, help="split the CPU into N devices for MirroredStrategy"

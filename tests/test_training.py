@@ -56,6 +56,7 @@ def test_tiny_run_on_two_replicas_lowers_loss_and_writes_work_dir(corpus, tmp_pa
     assert info["training"]["num_replicas"] == 2
     assert info["training"]["dtype_policy"] == "mixed_bfloat16"
     assert info["metrics"]["beam_size"] == 2
+    assert info["config"]["dropout"] == training.corpus_defaults(400, "tiny")["dropout"] == 0.3
     losses = info["history"]["loss"]
     assert losses[-1] < losses[0]
     assert info["history"]["val_loss"][-1] < info["history"]["val_loss"][0]
