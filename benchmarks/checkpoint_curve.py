@@ -1,0 +1,139 @@
+"""Test chrF against training time: beam-decodes checkpoints of a finished run.
+
+    python benchmarks/checkpoint_curve.py --work-dir work --every 3
+    python benchmarks/checkpoint_curve.py --work-dir work --epochs 3,6,9 --test-samples 1000
+
+For every chosen epoch checkpoint of `WORK/checkpoints/` (and the final,
+possibly averaged `model.keras`), translates the same first test pairs as
+the run's own test evaluation (beam search as `run.json` records it) and
+scores them: sacreBLEU / chrF against the single reference, for Ding also
+against every accepted translation and on the full sentences alone. The
+minutes of each checkpoint are read from `run.json`'s `curve` (fit's wall
+clock). Prints a Markdown table and writes `WORK/checkpoint_curve.json`.
+
+A learning curve in the units users pay for: how much test chrF another
+minute of training buys, and how far a budget is from a target (README,
+"Measured: the default run").
+"""
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--work-dir", default="work")
+    parser.add_argument("--epochs", help="comma-separated epoch numbers (default: --every)")
+    parser.add_argument("--every", type=int, default=3, help="every N-th epoch checkpoint")
+    parser.add_argument(
+        "--test-samples", type=int, help="first N test pairs (default: as the run decoded)"
+    )
+    parser.add_argument("--ding-path", help="the Ding dictionary file (default: the system's)")
+    return parser.parse_args(argv)
+
+
+def evaluate(translate, test_pairs, accepted=None, sentences=()):
+    """Scores of `translate` on `test_pairs` (and, for Ding, all references and sentences)."""
+    from keras_transformer.evaluation import score, score_multi
+
+    hypotheses = translate([source for source, _ in test_pairs])
+    references = [target for _, target in test_pairs]
+    result = {"test": score(hypotheses, references)}
+    if accepted is not None:
+        result["test_all_references"] = score_multi(hypotheses, accepted)
+    if sentences:
+        result["test_sentences"] = score(
+            [hypotheses[i] for i in sentences], [references[i] for i in sentences]
+        )
+    return result
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from keras_transformer.averaging import average_checkpoints, checkpoint_paths
+    from keras_transformer.data import load_translation_data
+    from keras_transformer.evaluation import make_translate_fn
+    from keras_transformer.training import load_trained
+
+    model, tokenizer, info = load_trained(args.work_dir)
+    name = info["data"]["name"]  # "ding", a TFDS name or "folder:PATH"
+    folder = name[len("folder:") :] if name.startswith("folder:") else None
+    data = load_translation_data(
+        "ding" if folder else name,
+        data_dir=folder,
+        direction=info["data"].get("direction"),
+        tfds_data_dir=os.path.join(args.work_dir, "tfds"),
+        ding_path=args.ding_path,
+    )
+    samples = args.test_samples if args.test_samples is not None else 1000
+    test_pairs = data.pairs("test", limit=samples or None)
+    accepted, sentences = None, []
+    if data.info["name"] == "ding":
+        from keras_transformer.data import ding
+
+        path = args.ding_path or ding.DEFAULT_CORPUS_PATH
+        accepted = ding.accepted_references(test_pairs, ding.accepted_translations(path))
+        sentences = [i for i, (s, t) in enumerate(test_pairs) if ding.is_sentence(s, t)]
+    metrics = info["metrics"]
+    translate = make_translate_fn(
+        model, tokenizer, beam_size=metrics["beam_size"], alpha=metrics["alpha"]
+    )
+    steps_per_epoch = info["training"]["steps_per_epoch"]
+    minutes = {point["step"]: point["minutes"] for point in info.get("curve", [])}
+
+    rows = []
+    final = evaluate(translate, test_pairs, accepted, sentences)  # model.keras first
+    paths = checkpoint_paths(args.work_dir)
+    if args.epochs:
+        wanted = {int(e) for e in args.epochs.split(",")}
+    else:
+        wanted = set(range(args.every, len(paths) + 1, args.every))
+    for epoch, path in enumerate(paths, start=1):
+        if epoch not in wanted:
+            continue
+        average_checkpoints(model, [path])
+        step = epoch * steps_per_epoch
+        row = {"epoch": epoch, "step": step, "minutes": minutes.get(step)}
+        row.update(evaluate(translate, test_pairs, accepted, sentences))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    averaging = info.get("averaging") or {}
+    rows.append(
+        {
+            "epoch": "final",
+            "step": metrics["train_steps"],
+            "minutes": info["timing"]["fit_seconds"] / 60,
+            "averaged": averaging.get("chosen", 1),
+            **final,
+        }
+    )
+    with open(os.path.join(args.work_dir, "checkpoint_curve.json"), "w") as f:
+        json.dump(rows, f, indent=2)
+    beam, cpu = metrics["beam_size"], info["cpu"]["summary"]
+    print(f"\n{len(test_pairs)} test pairs, beam {beam}, CPU {cpu}\n")
+    print("| checkpoint | steps | minutes | chrF | BLEU | chrF, all references | chrF, sentences |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        name = (
+            f"epoch {row['epoch']}"
+            if row["epoch"] != "final"
+            else (f"final (average of {row['averaged']})")
+        )
+        multi = row.get("test_all_references", {}).get("chrf")
+        sentence = row.get("test_sentences", {}).get("chrf")
+        mins = f"{row['minutes']:.1f}" if row["minutes"] is not None else "-"
+        print(
+            f"| {name} | {row['step']:,} | {mins} | {row['test']['chrf']:.2f} | "
+            f"{row['test']['bleu']:.2f} | {multi if multi is None else f'{multi:.2f}'} | "
+            f"{sentence if sentence is None else f'{sentence:.2f}'} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
