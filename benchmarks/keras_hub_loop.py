@@ -63,6 +63,7 @@ def parse_args(argv=None):
     parser.add_argument("--tfds-data-dir", help="where the corpus is prepared (train.py's W/tfds)")
     parser.add_argument("--preset", default="cpu")
     parser.add_argument("--vocab-size", type=int, help="must match vocab.model (default: preset)")
+    parser.add_argument("--dropout", type=float, help="(default: the preset's)")
     parser.add_argument("--dtype-policy", default="float32", choices=["float32", "mixed_bfloat16"])
     parser.add_argument("--batch-tokens", type=int, default=1024)
     parser.add_argument("--warmup-steps", type=int, default=300)
@@ -449,6 +450,8 @@ def run(args):
     keras.utils.set_random_seed(args.seed)
     keras.config.set_dtype_policy(args.dtype_policy)
     overrides = {"vocab_size": args.vocab_size} if args.vocab_size else {}
+    if args.dropout is not None:
+        overrides["dropout"] = args.dropout
     config = get_preset(args.preset, **overrides)
     vocab_path = os.path.join(args.work_dir, "vocab.model")
     processor = sentencepiece.SentencePieceProcessor(model_file=vocab_path)

@@ -18,7 +18,7 @@ TensorFlow):
    test pair; `--sentences N` keeps the first N.
 3. `benchmarks/keras_hub_loop.py` (the reference: keras-hub layers and a plain
    `tf.function` loop, nothing else of this package) on the same corpus with
-   the same `vocab.model`, preset, dtype policy, batch tokens, warm-up, seed
+   the same `vocab.model`, preset, dropout, dtype policy, batch tokens, warm-up, seed
    and minutes, all read back from `run.json`; its learning-rate scale is its
    own (`--keras-hub-lr-scale`, default the paper's 1.0). It decodes the
    same sentences with `keras_hub.samplers.BeamSampler(num_beams=4)`.
@@ -177,6 +177,7 @@ def run_keras_hub_loop(args, run_info, ours_dir, work_dir, heldout_path):
         "--work-dir", work_dir, *_data_args(args),
         "--tfds-data-dir", os.path.join(ours_dir, "tfds"),
         "--preset", run_info["preset"], "--vocab-size", str(run_info["config"]["vocab_size"]),
+        "--dropout", str(run_info["config"]["dropout"]),
         "--dtype-policy", dtype_policy, "--batch-tokens", str(training["batch_tokens"]),
         "--warmup-steps", str(training["warmup_steps"]), "--lr-scale", str(args.keras_hub_lr_scale),
         "--minutes", str(args.minutes), "--seed", str(training.get("seed", args.seed)),
