@@ -7,31 +7,29 @@ import pytest
 from keras_transformer import PRESETS, Transformer, TransformerConfig, get_preset
 
 
-def test_presets_are_the_paper_table_3_rows():
-    base, big = PRESETS["base"], PRESETS["big"]
-    assert (base.num_layers, base.d_model, base.d_ff, base.num_heads, base.dropout) == (
-        6,
-        512,
-        2048,
-        8,
-        0.1,
-    )
-    assert (big.num_layers, big.d_model, big.d_ff, big.num_heads, big.dropout) == (
-        6,
-        1024,
-        4096,
-        16,
-        0.3,
-    )
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_is_a_valid_config(name):
+    """Each preset passes validation again, has integral heads and distinct special ids."""
+    preset = get_preset(name)
+    assert TransformerConfig(**dataclasses.asdict(preset)) == preset
+    assert preset.d_model % preset.num_heads == 0  # integral head size
+    assert preset.d_model % 2 == 0  # sinusoidal encoding pairs
+    assert len({preset.pad_id, preset.bos_id, preset.eos_id}) == 3
+    assert Transformer.from_preset(name).config == preset
 
 
-def test_get_preset_overrides_are_values():
-    config = get_preset("tiny", vocab_size=321, dropout=0.0)
-    assert config.vocab_size == 321 and config.dropout == 0.0
-    assert PRESETS["tiny"].dropout != 0.0  # the preset itself is untouched
-    assert dataclasses.replace(config, dropout=0.2).dropout == 0.2
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        config.dropout = 0.5
+def test_get_preset_overrides_change_only_what_they_name():
+    tiny = PRESETS["tiny"]
+    config = get_preset("tiny", vocab_size=tiny.vocab_size + 1, num_layers=tiny.num_layers + 1)
+    changed = {
+        field.name
+        for field in dataclasses.fields(config)
+        if getattr(config, field.name) != getattr(tiny, field.name)
+    }
+    assert changed == {"vocab_size", "num_layers"}
+    assert get_preset("tiny") == tiny  # the preset itself is untouched
+    with pytest.raises(TypeError, match="no_such_field"):
+        get_preset("tiny", no_such_field=1)
 
 
 def test_model_from_preset_keeps_model_kwargs_apart():
