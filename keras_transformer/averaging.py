@@ -216,7 +216,9 @@ def average_work_dir(work_dir, last=5, output=None):
     """
     import keras
 
-    import keras_transformer  # noqa: F401  (registers the serializable classes)
+    from keras_transformer import register_keras_classes
+
+    register_keras_classes()  # load_model needs them
 
     if output is not None and not str(output).endswith(".keras"):
         raise ValueError(f"output must be a `.keras` file. Received: output={output!r}")

@@ -53,7 +53,9 @@ def load(work_dir):
     import keras
     import keras_hub
 
-    import keras_transformer  # noqa: F401  (registers the serializable classes)
+    from keras_transformer import register_keras_classes
+
+    register_keras_classes()  # load_model needs them
 
     model = keras.saving.load_model(os.path.join(work_dir, "model.keras"), compile=False)
     tokenizer = keras_hub.tokenizers.SentencePieceTokenizer(

@@ -149,7 +149,8 @@ model.save("{dir}/model.keras")
 
 _LOAD = """
 import numpy as np, keras
-import keras_transformer  # registers the classes
+import keras_transformer
+keras_transformer.register_keras_classes()
 model = keras.saving.load_model("{dir}/model.keras", compile=False)
 inputs = {"source_ids": np.load("{dir}/source.npy"), "target_ids": np.load("{dir}/target.npy")}
 # predict() compiles the forward pass: eager JAX would compile op by op, far slower.
