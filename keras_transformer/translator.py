@@ -56,11 +56,14 @@ class Translator:
             this many tokens (the paper: 50), and at most `config.max_length`.
         jit_compile: bool. XLA for the TensorFlow `tf.function`.
 
-    Example:
+    Example, with `model` and `tokenizer` from a trained work directory
+    (`keras_transformer.translate.load("work")`); what comes out depends on
+    the training, so no output is shown:
 
-    >>> translator = Translator(model, tokenizer, beam_size=4, alpha=0.6)
-    >>> translator(["Guten Morgen.", "Danke!"])
-    ['Good morning.', 'Thanks!']
+        translator = Translator(model, tokenizer, beam_size=4, alpha=0.6)
+        translator("Guten Morgen.")  # one string -> its translation, a string
+        translator(["Guten Morgen.", "Danke!"])  # a list -> a list, in input order
+        translator(["", "  "])  # -> ["", ""]: blank input does not run the model
     """
 
     def __init__(
