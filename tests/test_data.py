@@ -257,31 +257,37 @@ def test_bucket_sizes_reject_budget_below_longest_pair():
         bucket_sizes(max_length=64, batch_tokens=100, num_replicas=2)
 
 
+@pytest.mark.parametrize("boundaries", ["default", "exact"])
 @pytest.mark.parametrize("num_replicas", [1, 3])
-def test_an_epoch_takes_each_pair_at_most_once_and_evaluation_all_once(corpus, num_replicas):
-    from keras_transformer.data.pipeline import assemble, plan_batches
+def test_an_epoch_takes_each_pair_at_most_once_and_evaluation_all_once(
+    corpus, num_replicas, boundaries
+):
+    from keras_transformer.data.pipeline import BUCKET_BOUNDARIES, assemble, plan_batches
 
     data, tokenizer, _ = corpus
     split = tokenize_split(data.splits["train"], tokenizer, max_length=12)
     assert len(split) + split.dropped == data.info["counts"]["train"]
-    evaluation = np.concatenate(plan_batches(split, 96, num_replicas))
+    bounds = BUCKET_BOUNDARIES if boundaries == "default" else range(2, 13)
+    evaluation = np.concatenate(plan_batches(split, 96, num_replicas, boundaries=bounds))
     np.testing.assert_array_equal(np.sort(evaluation), np.arange(len(split)))
     rng = np.random.default_rng(0)
-    first = plan_batches(split, 96, num_replicas, rng, drop_remainder=True)
-    second = plan_batches(split, 96, num_replicas, rng, drop_remainder=True)
+    first = plan_batches(split, 96, num_replicas, rng, drop_remainder=True, boundaries=bounds)
+    second = plan_batches(split, 96, num_replicas, rng, drop_remainder=True, boundaries=bounds)
     taken = np.concatenate(first)
     assert len(np.unique(taken)) == len(taken)  # no pair twice in an epoch
-    # Only what does not split over the replicas is left out: < num_replicas per length.
-    assert len(split) - len(taken) < num_replicas * len(np.unique(split.lengths))
+    # Only what does not split over the replicas is left out: < num_replicas per bucket.
+    buckets = np.searchsorted([b for b in bounds if b <= 12], split.lengths, side="right")
+    assert len(split) - len(taken) < num_replicas * len(np.unique(buckets))
     assert [b.tolist() for b in first] != [b.tolist() for b in second]  # reshuffled
     for indices in first:
         features, labels = assemble(split, indices)
         width = max(features["source_ids"].shape[1], features["target_ids"].shape[1])
         assert len(indices) % num_replicas == 0 and len(indices) * width <= 96
-        # Every pair of a batch has the batch's length on its longer side: no
-        # row is padded on both sides.
-        real_source = (features["source_ids"] != 0).sum(axis=1)
-        real_target = (labels != 0).sum(axis=1)
-        assert (np.maximum(real_source, real_target) == width).all()
-    stats = plan_statistics(split, 96, num_replicas)
+        # A batch holds one bucket; the batch is as wide as its longest pair.
+        assert len(np.unique(buckets[indices])) == 1
+        assert split.lengths[indices].max() == width
+    if boundaries == "exact":  # one length per batch: no row is padded on both sides
+        for indices in first:
+            assert (split.lengths[indices] == split.lengths[indices[0]]).all()
+    stats = plan_statistics(split, 96, num_replicas, boundaries=bounds)
     assert stats["batches"] == len(first) and 0.0 <= stats["padding_share"] < 0.5

@@ -9,15 +9,17 @@ int32, padded with 0 (pad_id):
 
 as in fairseq and OpenNMT-tf. Pairs whose source or target would exceed
 `max_length` are dropped. As in fairseq's `batch_by_size`, every split is
-tokenized once per run (`tokenize_split`), and each epoch groups pairs of the
-same length (the longer side's) into batches of about `batch_tokens` tokens
-per side, padding included (Section 5.1 of the paper: "approximately 25000
-source tokens and 25000 target tokens"), in a fresh random order. Only the
-shorter side of a pair is ever padded.
+tokenized once per run (`tokenize_split`), and each epoch groups pairs of
+similar length (the longer side's, in the ranges of `BUCKET_BOUNDARIES`)
+into batches of about `batch_tokens` tokens per side, padding included
+(Section 5.1 of the paper: "approximately 25000 source tokens and 25000
+target tokens"), in a fresh random order.
 
-Measured (benchmarks/README.md, "End to end"): the previous `tf.data` pipeline
-shuffled and re-tokenized the strings on every pass and bucketed lengths
-into ranges; it cost CPU time on the training step's 2 cores.
+Measured (benchmarks/README.md, "End to end" and "Learning per step"): the
+previous `tf.data` pipeline shuffled and re-tokenized the strings on every
+pass, which cost CPU time on the training step's 2 cores; batches of one
+exact length each padded less (10.7% against 12.1%) but learned less per
+step than batches of a length range.
 """
 
 import dataclasses
@@ -94,49 +96,73 @@ def tokenize_split(pairs, tokenizer, max_length, eos_id=3, batch_size=4096):
     )
 
 
-def bucket_sizes(max_length, batch_tokens, num_replicas=1):
-    """Batch size of each length 1..max_length: `sizes[length]`, a multiple of `num_replicas`
-    with `sizes[length] * length <= batch_tokens`.
+# A bucket holds the pairs whose longer side's length is in [b[i - 1], b[i]):
+# one length per bucket up to 10 pieces, where most dictionary phrases are,
+# then ranges about a quarter as wide as their lengths. One bucket per exact
+# length learned less per step on Ding (benchmarks/README.md, "Learning per
+# step"); `boundaries=range(2, max_length + 1)` restores it.
+BUCKET_BOUNDARIES = (
+    3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256,
+    384, 512,
+)  # fmt: skip
+
+
+def bucket_sizes(max_length, batch_tokens, num_replicas=1, boundaries=BUCKET_BOUNDARIES):
+    """The bucket of each length 0..max_length and the batch size of its pairs.
+
+    A bucket's batch size is a multiple of `num_replicas` with `size * longest
+    <= batch_tokens`, `longest` being the longest length the bucket can hold.
 
     Returns:
-        `(lengths, sizes)`: `np.arange(max_length + 1)` and the batch sizes (index 0 unused).
+        `(buckets, sizes)`: int arrays indexed by length.
     """
     if batch_tokens < num_replicas * max_length:
         raise ValueError(
             f"batch_tokens={batch_tokens} must be at least num_replicas * max_length = "
             f"{num_replicas} * {max_length} so that the longest pair fits in a batch."
         )
-    lengths = np.arange(max_length + 1)
-    sizes = batch_tokens // np.maximum(lengths, 1) // num_replicas * num_replicas
-    return lengths, sizes
+    bounds = np.array([b for b in boundaries if b <= max_length], dtype=np.int64)
+    buckets = np.searchsorted(bounds, np.arange(max_length + 1), side="right")
+    longest = np.append(bounds - 1, max_length)[buckets]
+    sizes = batch_tokens // np.maximum(longest, 1) // num_replicas * num_replicas
+    return buckets, sizes
 
 
-def plan_batches(split, batch_tokens, num_replicas=1, rng=None, drop_remainder=False):
-    """One epoch of batches: lists of pair indices of equal length, `batch_tokens` per batch.
+def plan_batches(
+    split,
+    batch_tokens,
+    num_replicas=1,
+    rng=None,
+    drop_remainder=False,
+    boundaries=BUCKET_BOUNDARIES,
+):
+    """One epoch of batches: lists of pair indices from one length bucket, `batch_tokens` each.
 
     Args:
         split: `TokenizedSplit`.
-        rng: `np.random.Generator`: shuffles pairs within each length and the
+        rng: `np.random.Generator`: shuffles pairs within each bucket and the
             order of batches; None keeps corpus order (evaluation).
-        drop_remainder: drop each length's last batch when it holds fewer
+        drop_remainder: drop each bucket's last batch when it holds fewer
             pairs than a multiple of `num_replicas` (training under a strategy).
+        boundaries: of the length buckets (`bucket_sizes`).
 
     Returns:
         list of int64 index arrays.
     """
     max_length = int(split.lengths.max()) if len(split) else 1
-    _, sizes = bucket_sizes(max_length, batch_tokens, num_replicas)
+    buckets, sizes = bucket_sizes(max_length, batch_tokens, num_replicas, boundaries)
     order = np.arange(len(split)) if rng is None else rng.permutation(len(split))
-    order = order[np.argsort(split.lengths[order], kind="stable")]
-    sorted_lengths = split.lengths[order]
+    pair_buckets = buckets[split.lengths]
+    order = order[np.argsort(pair_buckets[order], kind="stable")]
+    sorted_buckets = pair_buckets[order]
     batches = []
-    for length in np.unique(sorted_lengths):
+    for bucket in np.unique(sorted_buckets):
         members = order[
-            np.searchsorted(sorted_lengths, length) : np.searchsorted(
-                sorted_lengths, length, side="right"
+            np.searchsorted(sorted_buckets, bucket) : np.searchsorted(
+                sorted_buckets, bucket, side="right"
             )
         ]
-        size = int(sizes[length])
+        size = int(sizes[split.lengths[members[0]]])  # one size per bucket
         for start in range(0, len(members), size):
             batch = members[start : start + size]
             if len(batch) % num_replicas:
@@ -200,6 +226,7 @@ def make_dataset(
     bos_id=2,
     eos_id=3,
     timer=None,
+    boundaries=BUCKET_BOUNDARIES,
 ):
     """Builds the batched dataset of one split.
 
@@ -218,6 +245,7 @@ def make_dataset(
         seed: of the shuffling.
         bos_id, eos_id: the model's special ids.
         timer: an `InputTimer` that accumulates the host time of assembling batches.
+        boundaries: of the length buckets (`bucket_sizes`).
 
     Returns:
         `tf.data.Dataset` of `({"source_ids", "target_ids"}, labels)`; its
@@ -231,13 +259,14 @@ def make_dataset(
         raise ValueError(f"No pair of the split fits in max_length={max_length}.")
     bucket_sizes(max_length, batch_tokens, num_replicas)  # validates the budget
     rng = np.random.default_rng(seed) if training else None
-    evaluation_plan = None if training else plan_batches(split, batch_tokens, num_replicas)
+    plan_args = dict(num_replicas=num_replicas, boundaries=boundaries)
+    evaluation_plan = None if training else plan_batches(split, batch_tokens, **plan_args)
 
     def generate():
         while True:
             plan = evaluation_plan
             if training:
-                plan = plan_batches(split, batch_tokens, num_replicas, rng, drop_remainder=True)
+                plan = plan_batches(split, batch_tokens, rng=rng, drop_remainder=True, **plan_args)
             for indices in plan:
                 start = time.thread_time()
                 batch = assemble(split, indices, bos_id, eos_id)
@@ -259,7 +288,7 @@ def make_dataset(
     return ds
 
 
-def plan_statistics(split, batch_tokens, num_replicas=1, seed=0):
+def plan_statistics(split, batch_tokens, num_replicas=1, seed=0, boundaries=BUCKET_BOUNDARIES):
     """Exact statistics of one training epoch's batches (no tensor is built).
 
     Returns:
@@ -267,9 +296,8 @@ def plan_statistics(split, batch_tokens, num_replicas=1, seed=0):
         and `target_tokens` per batch (target = BOS/EOS-shifted length), and
         `padding_share` (pad positions / all positions, both sides).
     """
-    plan = plan_batches(
-        split, batch_tokens, num_replicas, np.random.default_rng(seed), drop_remainder=True
-    )
+    rng = np.random.default_rng(seed)
+    plan = plan_batches(split, batch_tokens, num_replicas, rng, True, boundaries)
     source_lengths = np.diff(split.source_offsets)
     target_lengths = np.diff(split.target_offsets) + 1
     real_source = real_target = positions = 0
