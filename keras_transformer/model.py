@@ -52,7 +52,7 @@ class Transformer(keras.Model):
     >>> model = Transformer.from_preset("tiny")
     >>> inputs = {"source_ids": keras.ops.array([[5, 6, 7, 3, 0]]),
     ...           "target_ids": keras.ops.array([[2, 8, 9]])}
-    >>> model(inputs).shape
+    >>> tuple(model(inputs).shape)
     (1, 3, 1000)
     """
 

@@ -108,7 +108,7 @@ class MultiHeadAttention(keras.layers.Layer):
 
     >>> layer = MultiHeadAttention(d_model=16, num_heads=4)
     >>> x = keras.random.normal((2, 5, 16))
-    >>> layer(x, use_causal_mask=True).shape
+    >>> tuple(layer(x, use_causal_mask=True).shape)
     (2, 5, 16)
     """
 

@@ -60,13 +60,13 @@ class DecoderLayer(TransformerBlock):
 
     >>> layer = DecoderLayer(d_model=16, num_heads=2, d_ff=32)
     >>> y = layer(keras.ops.ones((2, 3, 16)), keras.ops.ones((2, 5, 16)))
-    >>> y.shape
+    >>> tuple(y.shape)
     (2, 3, 16)
 
     Decoder-only, as in a causal language model; no cross-attention weights:
 
     >>> layer = DecoderLayer(d_model=16, num_heads=2, d_ff=32)
-    >>> layer(keras.ops.ones((2, 3, 16))).shape
+    >>> tuple(layer(keras.ops.ones((2, 3, 16))).shape)
     (2, 3, 16)
     >>> layer.has_cross_attention, layer.count_params()
     (False, 2224)

@@ -37,7 +37,7 @@ class TokenEmbedding(keras.layers.Layer):
 
     >>> embedding = TokenEmbedding(vocab_size=100, d_model=8)
     >>> x = embedding(keras.ops.array([[5, 7, 0]]))
-    >>> x.shape, embedding.logits(x).shape
+    >>> tuple(x.shape), tuple(embedding.logits(x).shape)
     ((1, 3, 8), (1, 3, 100))
     """
 

@@ -24,7 +24,7 @@ class FeedForward(keras.layers.Layer):
 
     Example:
 
-    >>> FeedForward(d_model=8, d_ff=32)(keras.ops.ones((2, 3, 8))).shape
+    >>> tuple(FeedForward(d_model=8, d_ff=32)(keras.ops.ones((2, 3, 8))).shape)
     (2, 3, 8)
     """
 
