@@ -5,6 +5,7 @@ import math
 import keras
 import numpy as np
 import pytest
+from backend_utils import compiled
 from keras import ops
 
 from keras_transformer.layers import (
@@ -169,20 +170,25 @@ def test_layers_reject_bad_dropout():
 def test_decoder_layer_call_with_cache_equals_call(norm_first):
     """Step by step, with cross keys/values projected once, equals one call (T=4, S=7)."""
     layer = DecoderLayer(d_model=16, num_heads=4, d_ff=32, dropout=0.0, norm_first=norm_first)
+    layer.build((None, None, 16), (None, None, 16))
     target = np.random.normal(size=(2, 4, 16)).astype("float32")
     source = np.random.normal(size=(2, 7, 16)).astype("float32")
     source_padding = np.array([[1] * 7, [1, 1, 1, 0, 0, 0, 0]], bool)
-    expected = _np(layer(target, source, encoder_padding_mask=source_padding))
-    cross_key, cross_value = layer.compute_cross_key_value(source)  # (B, S, N, H) each
+    # Compiled under JAX (see `compiled`), eager elsewhere.
+    call = compiled(layer, lambda t, s, m: layer(t, s, encoder_padding_mask=m))
+    cross_key_value = compiled(layer, layer.compute_cross_key_value)
+    call_with_cache = compiled(layer, layer.call_with_cache)
+    expected = _np(call(target, source, source_padding))
+    cross_key, cross_value = cross_key_value(source)  # (B, S, N, H) each
     self_key = self_value = ops.zeros((2, 4, 4, 4))  # (B, T_max, N, H)
     for t in range(4):
-        step, (self_key, self_value) = layer.call_with_cache(
+        step, (self_key, self_value) = call_with_cache(
             target[:, t : t + 1],
             self_key,
             self_value,
             np.full((2,), t, "int32"),
-            cross_key=cross_key,
-            cross_value=cross_value,
-            encoder_padding_mask=source_padding,
+            cross_key,
+            cross_value,
+            source_padding,
         )
         np.testing.assert_allclose(_np(step)[:, 0], expected[:, t], atol=ATOL)
