@@ -91,8 +91,7 @@ def corpus_defaults(train_pairs, preset):
     smaller corpus is seen many times in the same budget, and overfits
     without regularization; the published small-data recipes (fairseq's
     IWSLT'14 at 160k pairs, the Multi30k Transformer at 29k) train with
-    dropout 0.3 (measured here on Ding's full sentences: benchmarks/README.md,
-    "Your own data").
+    dropout 0.3. Not yet measured here (README, "Your own data").
 
     Returns:
         dict of `TransformerConfig` fields (possibly empty).
