@@ -25,6 +25,9 @@ TRAINING_DEFAULTS = {
         max_train_minutes=18.0,
         test_samples=1000,
         validation_bleu_every=0,  # the test decode at the end measures quality
+        # Averaging the last 2 of 200-step checkpoints won in both measured default
+        # runs (validation loss 4.516 -> 4.472); 5 and 8 lost (README).
+        average_last=3,
     ),  # fmt: skip
     "small": dict(
         epochs=10,

@@ -252,6 +252,22 @@ def test_batches_respect_token_budget_and_shift_targets(corpus, num_replicas):
         )
 
 
+def test_evaluation_batches_are_the_plan_in_order_every_pass(corpus):
+    from keras_transformer.data.pipeline import assemble, plan_batches
+
+    data, tokenizer, _ = corpus
+    split = tokenize_split(data.splits["validation"], tokenizer, max_length=12)
+    ds = make_dataset(split, tokenizer, max_length=12, batch_tokens=96, training=False)
+    plan = plan_batches(split, 96)
+    assert ds.num_batches == len(plan)
+    passes = list(ds.take(2 * len(plan)).as_numpy_iterator())
+    for got, indices in zip(passes, plan + plan, strict=True):
+        features, labels = assemble(split, indices)
+        np.testing.assert_array_equal(got[0]["source_ids"], features["source_ids"])
+        np.testing.assert_array_equal(got[0]["target_ids"], features["target_ids"])
+        np.testing.assert_array_equal(got[1], labels)
+
+
 def test_bucket_sizes_reject_budget_below_longest_pair():
     with pytest.raises(ValueError, match="batch_tokens=100 must be at least"):
         bucket_sizes(max_length=64, batch_tokens=100, num_replicas=2)

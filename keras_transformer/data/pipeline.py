@@ -207,6 +207,15 @@ _SIGNATURE = (
 )
 
 
+def _from_batches(batches):
+    """A dataset of the given `(features, labels)` numpy batches, in order, held in memory."""
+    datasets = [tf.data.Dataset.from_tensors(batch) for batch in batches]
+    while len(datasets) > 1:  # a balanced tree of concatenations, not a chain
+        pairs = [a.concatenate(b) for a, b in zip(datasets[::2], datasets[1::2], strict=False)]
+        datasets = pairs + datasets[len(pairs) * 2 :]
+    return datasets[0]
+
+
 class InputTimer:
     """Thread CPU seconds the host spent assembling batches (for `run.json`)."""
 
@@ -239,8 +248,7 @@ def make_dataset(
         training: bool. Reshuffles every epoch, dropping remainders that do
             not split evenly over the replicas. Either way the dataset repeats
             forever: evaluation passes are `num_batches` batches each, in the
-            same order, as Keras wants with `validation_steps` (it keeps the
-            validation iterator across epochs instead of restarting it).
+            same order (pass `validation_steps=num_batches`), held in memory.
         num_replicas: int. Batch sizes are multiples of it.
         seed: of the shuffling.
         bos_id, eos_id: the model's special ids.
@@ -262,26 +270,34 @@ def make_dataset(
     plan_args = dict(num_replicas=num_replicas, boundaries=boundaries)
     evaluation_plan = None if training else plan_batches(split, batch_tokens, **plan_args)
 
-    def generate():
-        while True:
-            plan = evaluation_plan
-            if training:
-                plan = plan_batches(split, batch_tokens, rng=rng, drop_remainder=True, **plan_args)
-            for indices in plan:
-                start = time.thread_time()
-                batch = assemble(split, indices, bos_id, eos_id)
-                if timer is not None:
-                    timer.seconds += time.thread_time() - start
-                    timer.batches += 1
-                yield batch
+    if training:
 
-    ds = tf.data.Dataset.from_generator(generate, output_signature=_SIGNATURE)
+        def generate():
+            while True:
+                plan = plan_batches(split, batch_tokens, rng=rng, drop_remainder=True, **plan_args)
+                for indices in plan:
+                    start = time.thread_time()
+                    batch = assemble(split, indices, bos_id, eos_id)
+                    if timer is not None:
+                        timer.seconds += time.thread_time() - start
+                        timer.batches += 1
+                    yield batch
+
+        ds = tf.data.Dataset.from_generator(generate, output_signature=_SIGNATURE)
+        ds = ds.prefetch(tf.data.AUTOTUNE)
+    else:
+        # In memory, not a generator: Keras discards the validation iterator
+        # before every evaluation (`EpochIterator.reset`), and destroying one
+        # whose prefetch thread sat in the Python generator stalled `fit` for
+        # about 50 s in most epochs (benchmarks/README.md, "End to end").
+        batches = [assemble(split, indices, bos_id, eos_id) for indices in evaluation_plan]
+        ds = _from_batches(batches).repeat()
     options = tf.data.Options()
     # Multi-worker: training batches are dealt out to the workers; every worker
     # evaluates the whole validation split, so all run the same number of steps.
     policy = tf.data.experimental.AutoShardPolicy
     options.experimental_distribute.auto_shard_policy = policy.DATA if training else policy.OFF
-    ds = ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+    ds = ds.with_options(options)
     ds.tokenized = split
     if evaluation_plan is not None:
         ds.num_batches = len(evaluation_plan)
