@@ -81,7 +81,7 @@ def parse_args(argv=None):
         "--average-last",
         type=int,
         help="average the last k epoch checkpoints, k <= N chosen by validation loss "
-        "(1: no averaging; default 8)",
+        "(1: no averaging; default: 3 for cpu, 8 for the others)",
     )
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--no-export", dest="export", action="store_false")
