@@ -8,13 +8,17 @@ import importlib.util
 import logging
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
-        "--preset", default="cpu", help="base | big | small | cpu | tiny (default cpu)"
+        "--preset", help="base | big | small | cpu | tiny (default cpu, or --init-from's)"
+    )
+    parser.add_argument(
+        "--init-from",
+        metavar="WORK_DIR",
+        help="start from a finished run's weights and vocabulary (its architecture too), "
+        "in a new --work-dir: train it longer, or fine-tune it on --data-dir",
     )
     parser.add_argument(
         "--dataset",
@@ -77,7 +81,7 @@ def parse_args(argv=None):
         "--average-last",
         type=int,
         help="average the last k epoch checkpoints, k <= N chosen by validation loss "
-        "(1: no averaging; default 8)",
+        "(1: no averaging; default: 3 for cpu, 8 for the others)",
     )
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--no-export", dest="export", action="store_false")
@@ -97,8 +101,11 @@ def _hardware():
 
 def main(argv=None):
     args = parse_args(argv)
+    hardware = _hardware()
+    # TensorFlow's C++ log level is read once, when it loads.
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = hardware.tensorflow_log_level()
     if argv is None:  # a command line: set the allocator up before TensorFlow loads
-        _hardware().reexec_with_malloc_env()
+        hardware.reexec_with_malloc_env()
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

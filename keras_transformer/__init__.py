@@ -26,6 +26,8 @@ _EXPORTS = {
     "MaskedAccuracy": "keras_transformer.losses",
     "Transformer": "keras_transformer.model",
     "TransformerSchedule": "keras_transformer.schedules",
+    "TrainingConfig": "keras_transformer.training_config",
+    "compile_with_paper_recipe": "keras_transformer.recipe",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -17,18 +17,13 @@ a second run does not overwrite it).
 import argparse
 import collections
 import os
-import re
 import shutil
 import tempfile
 import warnings
 
 import numpy as np
 
-CHECKPOINTS_DIR = "checkpoints"
-MODEL_FILE = "model.keras"
-UNAVERAGED_MODEL_FILE = "model.last.keras"
-# `ModelCheckpoint` writes `epoch_{epoch:03d}.weights.h5`: 3 digits or more.
-_CHECKPOINT_NAME = re.compile(r"^epoch_(\d+)\.weights\.h5$")
+from keras_transformer import workdir
 
 
 def checkpoint_paths(work_dir, last=None):
@@ -52,7 +47,7 @@ def checkpoint_paths(work_dir, last=None):
     """
     if last is not None and (isinstance(last, bool) or not isinstance(last, int) or last <= 0):
         raise ValueError(f"last must be a positive integer or None. Received: last={last!r}")
-    directory = os.path.join(work_dir, CHECKPOINTS_DIR)
+    directory = workdir.WorkDir(work_dir).checkpoints
     if not os.path.isdir(directory):
         raise FileNotFoundError(
             f"No checkpoint directory {directory!r}: training writes one "
@@ -61,7 +56,7 @@ def checkpoint_paths(work_dir, last=None):
     names = sorted(os.listdir(directory))
     epochs = []
     for name in names:
-        match = _CHECKPOINT_NAME.match(name)
+        match = workdir.CHECKPOINT_NAME.match(name)
         if match:
             epochs.append((int(match.group(1)), name))
     if not epochs:
@@ -214,26 +209,21 @@ def average_work_dir(work_dir, last=5, output=None):
         and `unaveraged` (the kept `model.last.keras`, or None when `output`
         was given).
     """
-    import keras
-
-    from keras_transformer import register_keras_classes
-
-    register_keras_classes()  # load_model needs them
-
     if output is not None and not str(output).endswith(".keras"):
         raise ValueError(f"output must be a `.keras` file. Received: output={output!r}")
-    model_path = os.path.join(work_dir, MODEL_FILE)
+    work = workdir.WorkDir(work_dir)
+    model_path = work.model
     if not os.path.isfile(model_path):
         raise FileNotFoundError(
             f"No trained model at {model_path}; run `python train.py --work-dir {work_dir}`."
         )
     paths = checkpoint_paths(work_dir, last=last)  # before loading: fails fast
-    model = keras.saving.load_model(model_path, compile=False)
+    model = workdir.load_model(work_dir)
     average_checkpoints(model, paths)
     unaveraged = None
     if output is None:
         output = model_path
-        unaveraged = os.path.join(work_dir, UNAVERAGED_MODEL_FILE)
+        unaveraged = work.unaveraged_model
         if not os.path.exists(unaveraged):
             _write_atomically(unaveraged, lambda tmp: shutil.copyfile(model_path, tmp))
     _write_atomically(output, model.save)

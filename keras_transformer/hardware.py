@@ -96,6 +96,19 @@ def configure_threads(intra_op=None, inter_op=None):
     }
 
 
+def tensorflow_log_level():
+    """`TF_CPP_MIN_LOG_LEVEL` for a command line, to set before TensorFlow is imported.
+
+    "2" (errors only) where an NVIDIA driver is loaded; "3" where none is
+    (`/proc/driver/nvidia` absent): there, TensorFlow's one C++ error is
+    "failed call to cuInit" at its first op, on every run, and Python still
+    raises every real failure. A value already in the environment wins.
+    """
+    if "TF_CPP_MIN_LOG_LEVEL" in os.environ:
+        return os.environ["TF_CPP_MIN_LOG_LEVEL"]
+    return "2" if os.path.exists("/proc/driver/nvidia") else "3"
+
+
 # glibc's malloc returns every freed block above its (adaptive) mmap threshold
 # to the kernel and faults fresh zeroed pages in for the next one: TensorFlow
 # allocates and frees its large activation and gradient buffers at every

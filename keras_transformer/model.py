@@ -1,11 +1,13 @@
 """The encoder-decoder Transformer of "Attention Is All You Need"."""
 
 import dataclasses
+import os
 
 import keras
 from keras import ops
 
-from keras_transformer.config import TransformerConfig, get_preset
+from keras_transformer import workdir
+from keras_transformer.config import PRESETS, TransformerConfig, get_preset
 from keras_transformer.layers import (
     DecoderLayer,
     EncoderLayer,
@@ -127,11 +129,26 @@ class Transformer(keras.Model):
 
     @classmethod
     def from_preset(cls, preset, **kwargs):
-        """`Transformer.from_preset("base", vocab_size=37000)`; see `config.PRESETS`.
+        """A `Transformer` from an architecture preset name or a trained work directory.
 
-        `kwargs` that are `TransformerConfig` fields override the preset; the
-        others (`name`, `dtype`) go to `keras.Model`.
+        - `Transformer.from_preset("base", vocab_size=37000)`: a new model
+          with random weights, one of `config.PRESETS`; `kwargs` that are
+          `TransformerConfig` fields override the preset, the others
+          (`name`, `dtype`) go to `keras.Model`.
+        - `Transformer.from_preset("work")`: the trained model of a work
+          directory written by `python train.py` (its `model.keras`), as
+          keras-hub's `from_preset` loads a preset directory. Its tokenizer:
+          `Translator.from_preset("work")`.
         """
+        if workdir.is_work_dir(preset):
+            if kwargs:
+                raise ValueError(
+                    f"A trained work directory ({preset!r}) is loaded as it was saved; "
+                    f"overrides are for preset names. Received: {sorted(kwargs)}"
+                )
+            return workdir.load_model(preset)
+        if isinstance(preset, str) and preset not in PRESETS and os.sep in preset:
+            workdir.check(preset, finished=False)  # a path: say what it lacks
         overrides = {key: value for key, value in kwargs.items() if key in _CONFIG_FIELDS}
         model_kwargs = {key: value for key, value in kwargs.items() if key not in _CONFIG_FIELDS}
         return cls(**dataclasses.asdict(get_preset(preset, **overrides)), **model_kwargs)

@@ -6,13 +6,17 @@
 Reads `<work_dir>/model.keras` and `<work_dir>/vocab.model` (written by
 `python train.py`), one sentence per line from `--input` or stdin, and
 writes one translation per line to stdout. A progress bar goes to stderr
-when there are more sentences than one batch.
+when there are more sentences than one batch. `--plot-attention DIR` also
+writes one cross-attention heat map per sentence, `DIR/attention_NNN.png`
+(`keras_transformer.visualize`; needs matplotlib).
 """
 
 import argparse
 import logging
 import os
 import sys
+
+from keras_transformer import workdir
 
 
 def parse_args(argv=None):
@@ -36,6 +40,17 @@ def parse_args(argv=None):
         default="auto",
         help="progress bar on stderr; auto: when there is more than one batch",
     )
+    parser.add_argument(
+        "--plot-attention",
+        metavar="DIR",
+        help="also write one cross-attention PNG per non-blank sentence to DIR",
+    )
+    parser.add_argument(
+        "--attention-layer", type=int, default=-1, help="decoder layer plotted (default: last)"
+    )
+    parser.add_argument(
+        "--attention-head", type=int, default=None, help="head plotted (default: mean of heads)"
+    )
     return parser.parse_args(argv)
 
 
@@ -43,30 +58,16 @@ def load(work_dir):
     """`(model, tokenizer)` from a work directory written by `python train.py`."""
     if not os.path.isdir(work_dir):
         raise FileNotFoundError(f"--work-dir {work_dir!r} is not a directory")
-    try:
-        from keras_transformer.training import load_trained
-    except ImportError:
-        load_trained = None
-    if load_trained is not None:
-        model, tokenizer, _ = load_trained(work_dir)
-        return model, tokenizer
-    import keras
-    import keras_hub
-
-    from keras_transformer import register_keras_classes
-
-    register_keras_classes()  # load_model needs them
-
-    model = keras.saving.load_model(os.path.join(work_dir, "model.keras"), compile=False)
-    tokenizer = keras_hub.tokenizers.SentencePieceTokenizer(
-        proto=os.path.join(work_dir, "vocab.model"), dtype="int32"
-    )
-    return model, tokenizer
+    return workdir.load_model(work_dir), workdir.load_tokenizer(work_dir)
 
 
 def main(argv=None):
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    if args.plot_attention:
+        from keras_transformer import visualize
+
+        visualize.check_matplotlib()  # before loading the model
     from keras_transformer.translator import Translator
 
     model, tokenizer = load(args.work_dir)
@@ -90,6 +91,17 @@ def main(argv=None):
     for translation in translator.translate(lines, progress=progress):
         sys.stdout.write(translation + "\n")
     sys.stdout.flush()
+    if args.plot_attention:
+        paths = visualize.plot_translation_attention(
+            translator,
+            [line for line in lines if line.strip()],
+            args.plot_attention,
+            layer=args.attention_layer,
+            head=args.attention_head,
+        )
+        logging.getLogger(__name__).warning(
+            "%d attention plots written to %s", len(paths), args.plot_attention
+        )
     return 0
 
 

@@ -98,6 +98,27 @@ class Translator:
             model, beam_size, alpha, max_extra_length, jit_compile=jit_compile
         )
 
+    @classmethod
+    def from_preset(cls, work_dir, **kwargs):
+        """The `Translator` of a trained work directory: its model and its tokenizer.
+
+        `Translator.from_preset("work", beam_size=4)`; `kwargs` go to
+        `Translator` (search and batching). Architecture presets have no
+        tokenizer and no weights: use `Transformer.from_preset(name)` for them.
+        """
+        from keras_transformer import workdir
+        from keras_transformer.config import PRESETS
+
+        if not workdir.is_work_dir(work_dir):
+            if work_dir in PRESETS:
+                raise ValueError(
+                    f"{work_dir!r} is an architecture preset: random weights and no tokenizer. "
+                    "Translator.from_preset takes a trained work directory (`python train.py "
+                    "--work-dir DIR`). Received: work_dir={work_dir!r}"
+                )
+            workdir.check(work_dir, finished=False)  # names what is missing
+        return cls(workdir.load_model(work_dir), workdir.load_tokenizer(work_dir), **kwargs)
+
     def __call__(self, sentences, progress=False):
         """A string -> its translation; a list of strings -> a list of translations."""
         if isinstance(sentences, str):

@@ -33,6 +33,11 @@ _MARGIN_INCHES = 1.5
 _MIN_WIDTH_INCHES = 4.0  # room for the title
 
 
+def check_matplotlib():
+    """Raises an `ImportError` that says how to install matplotlib when it is missing."""
+    _matplotlib_figure()
+
+
 def _matplotlib_figure():
     try:
         from matplotlib.figure import Figure
@@ -184,12 +189,10 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    _matplotlib_figure()  # fail before loading the model when matplotlib is missing
-    from keras_transformer.translate import load
+    check_matplotlib()  # fail before loading the model when matplotlib is missing
     from keras_transformer.translator import Translator
 
-    model, tokenizer = load(args.work_dir)
-    translator = Translator(model, tokenizer, beam_size=args.beam_size)
+    translator = Translator.from_preset(args.work_dir, beam_size=args.beam_size)
     sentences = args.sentences or [line for line in sys.stdin.read().splitlines() if line.strip()]
     paths = plot_translation_attention(
         translator, sentences, args.output_dir, layer=args.layer, head=args.head

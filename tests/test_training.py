@@ -210,3 +210,53 @@ def test_multi_worker_mirrored_strategy_with_two_local_workers(corpus, tmp_path)
         np.testing.assert_array_equal(value, worker_weights[name], err_msg=name)
     model, _, _ = training.load_trained(work_dir)  # model.keras of a multi-worker run loads back
     assert model.config.vocab_size == 64
+
+
+# Continued training: --init-from a finished run, in a new work directory.
+INIT_FROM_TOLERANCE = 1e-4  # relative: the same weights and batches, float32 sums in another order
+
+
+def test_init_from_starts_from_the_finished_weights_and_vocabulary(corpus, tmp_path):
+    finished = tmp_path / "finished"
+    first = subprocess.run(
+        _train_command(corpus, finished, epochs=2, steps=10),
+        capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=600,
+    )  # fmt: skip
+    log = first.stdout + first.stderr
+    assert first.returncode == 0, log[-3000:]
+    # A clean log: SentencePiece's trainer and Keras's input warnings silenced at their source.
+    for noise in ("bpe_model_trainer", "trainer_interface", "ran out of data", "shuffle=True"):
+        assert noise not in log, noise
+    finished_info = json.loads((finished / "run.json").read_text())
+
+    continued = tmp_path / "continued"
+    command = _train_command(corpus, continued, epochs=1, steps=5)
+    command += ["--init-from", str(finished)]
+    second = subprocess.run(
+        command, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=600
+    )
+    assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+    info = json.loads((continued / "run.json").read_text())
+    init = info["init_from"]
+    assert init["work_dir"] == str(finished)
+    # It starts from the saved (averaged) weights: its validation loss before the
+    # first step is the finished run's last one.
+    chosen = finished_info["averaging"]["chosen"]
+    assert init["finished_val_loss"] == finished_info["averaging"]["val_loss"][str(chosen)]
+    np.testing.assert_allclose(
+        init["val_loss"], init["finished_val_loss"], rtol=INIT_FROM_TOLERANCE
+    )
+    # Vocabulary, architecture and preset are kept; the schedule goes on from step 20.
+    assert (continued / "vocab.model").read_bytes() == (finished / "vocab.model").read_bytes()
+    assert info["config"] == finished_info["config"] and info["preset"] == "tiny"
+    assert init["initial_step"] == finished_info["metrics"]["train_steps"] == 20
+    # Warm-up (50 steps) is linear in the step counted from 1: 26 after 25 updates, 21 after 20.
+    np.testing.assert_allclose(
+        info["history"]["learning_rate"][-1] / finished_info["history"]["learning_rate"][-1],
+        26 / 21,
+        rtol=1e-5,
+    )
+    # The finished run is left alone; its work directory is refused as the new one.
+    assert json.loads((finished / "run.json").read_text()) == finished_info
+    with pytest.raises(ValueError, match="new --work-dir"):
+        training.run(init_from=str(finished), work_dir=str(finished))

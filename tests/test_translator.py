@@ -104,3 +104,35 @@ def test_translate_command(tokenizer, tmp_path, capsys, monkeypatch):
     assert lines == expected + [""]
     with pytest.raises(FileNotFoundError, match="no-such-dir"):
         translate.main(["--work-dir", str(tmp_path / "no-such-dir")])
+
+
+def _work_dir(path, model, tokenizer):
+    """A work directory as `train.py` leaves it, for the loaders."""
+    model.save(path / "model.keras")
+    (path / "vocab.model").write_bytes(open(tokenizer.proto_path, "rb").read())
+    (path / "run.json").write_text(json.dumps({"preset": "tiny"}))
+    return str(path)
+
+
+def test_from_preset_loads_a_work_directory(tokenizer, tmp_path):
+    model = tiny_model()
+    work_dir = _work_dir(tmp_path, model, tokenizer)
+    loaded = Transformer.from_preset(work_dir)
+    assert loaded.config == model.config
+    for a, b in zip(loaded.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    sentences = ["the cat sat", "guten morgen"]
+    translator = Translator.from_preset(work_dir, beam_size=2, max_extra_length=4)
+    assert translator.beam_size == 2
+    assert translator(sentences) == Translator(model, tokenizer, beam_size=2, max_extra_length=4)(
+        sentences
+    )
+    # Architecture presets keep their names (random weights, no tokenizer).
+    assert Transformer.from_preset("tiny").config.vocab_size == 1000
+    with pytest.raises(ValueError, match="overrides"):
+        Transformer.from_preset(work_dir, dropout=0.1)
+    with pytest.raises(ValueError, match="architecture preset"):
+        Translator.from_preset("tiny")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no trained model"):
+        Translator.from_preset(str(tmp_path / "empty"))

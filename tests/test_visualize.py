@@ -132,3 +132,29 @@ def test_missing_matplotlib_is_named(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     with pytest.raises(ImportError, match=r"keras-transformer\[plot\]"):
         plot_attention(np.ones((1, 1)), ["a"], ["b"])
+
+
+def test_translate_command_plots_attention(tmp_path, model, vocabulary, capsys):
+    from keras_transformer import translate
+
+    work_dir = tmp_path / "work"
+    work_dir.mkdir()
+    model.save(str(work_dir / "model.keras"))
+    shutil.copy(vocabulary, work_dir / "vocab.model")
+    (tmp_path / "input.txt").write_text("guten morgen\n\ndanke\n")
+    output_dir = tmp_path / "plots"
+    argv = ["--work-dir", str(work_dir), "--input", str(tmp_path / "input.txt"),
+            "--beam-size", "1", "--plot-attention", str(output_dir), "--attention-head", "1"]  # fmt: skip
+    assert translate.main(argv) == 0
+    assert len(capsys.readouterr().out.split("\n")) == 4  # three translations, blank included
+    # One PNG per non-blank sentence, each the plot of that sentence's weights.
+    assert sorted(p.name for p in output_dir.iterdir()) == [
+        "attention_000.png",
+        "attention_001.png",
+    ]
+    translator = Translator(model, translate.workdir.load_tokenizer(str(work_dir)), beam_size=1)
+    weights, source_pieces, output_pieces = translation_attention(translator, "danke", head=1)
+    expected = plot_attention(weights, source_pieces, output_pieces)
+    width, height = expected.get_size_inches() * expected.dpi
+    image = matplotlib_image.imread(str(output_dir / "attention_001.png"))
+    assert image.shape[:2] == (round(height), round(width))

@@ -16,6 +16,7 @@ TensorFlow is imported by the exporters (the model must be loaded under
 import logging
 import os
 
+from keras_transformer import workdir
 from keras_transformer.export.artifacts import (
     atomic_directory,
     check_version,
@@ -30,11 +31,8 @@ FORMATS = ("saved_model", "onnx")
 
 
 def load_work_dir(work_dir):
-    """`(model, tokenizer, run_info)` of a trained work directory, with clear errors."""
-    check_work_dir(work_dir)
-    from keras_transformer.training import load_trained
-
-    return load_trained(work_dir)
+    """`(model, tokenizer, run_info)` of a finished work directory, with clear errors."""
+    return workdir.load(work_dir, finished=True)
 
 
 def _paths(output_dir, name, version):
@@ -43,6 +41,12 @@ def _paths(output_dir, name, version):
         "saved_model": os.path.join(model_dir, str(version)),
         "onnx": os.path.join(model_dir, "onnx", str(version)),
     }
+
+
+def new_version(output_dir, name):
+    """The next version number of `name`, one for both formats."""
+    model_dir = os.path.join(output_dir, name)
+    return max(next_version(model_dir), next_version(os.path.join(model_dir, "onnx")))
 
 
 def export_all(
@@ -80,9 +84,8 @@ def export_all(
         raise ValueError(f"name must be a plain directory name. Received: name={name!r}")
     search = {**DEFAULT_SEARCH, **(search or {})}
     check_work_dir(work_dir)  # fail before any slow import
-    model_dir = os.path.join(output_dir, name)
     if version is None:  # one new version number for both formats
-        version = max(next_version(model_dir), next_version(os.path.join(model_dir, "onnx")))
+        version = new_version(output_dir, name)
     version = check_version(version)
     paths = {f: p for f, p in _paths(output_dir, name, version).items() if f in formats}
     if not overwrite:
@@ -107,7 +110,7 @@ def export_all(
         with atomic_directory(paths["onnx"], overwrite=overwrite) as staging:
             export_onnx(
                 model,
-                os.path.join(work_dir, "vocab.model"),
+                workdir.WorkDir(work_dir).vocabulary,
                 staging,
                 opset=opset or DEFAULT_OPSET,
                 search=search,
@@ -122,29 +125,51 @@ def default_name(run_info):
     return "transformer_" + direction.replace("-", "_") if direction else "transformer"
 
 
-def export_after_training(work_dir, run_info, output_dir="saved_models"):
+def export_after_training(work_dir, run_info, output_dir="saved_models", formats=FORMATS):
     """What `training.run()` calls at the end: `export_all` with the run's name and search.
 
     The exporters trace the model with TensorFlow; after training under JAX
     or torch they run in a `KERAS_BACKEND=tensorflow` subprocess
-    (`python -m keras_transformer.export`).
+    (`python -m keras_transformer.export`). The version is chosen here and
+    passed to it, so the paths written are known without reading its output.
+
+    Returns:
+        dict format -> the directory written.
     """
     import keras
 
     metrics = run_info.get("metrics") or {}
     search = {k: metrics[k] for k in ("beam_size", "alpha") if metrics.get(k) is not None}
     name = default_name(run_info)
-    if keras.backend.backend() != "tensorflow":
-        import subprocess
-        import sys
+    if keras.backend.backend() == "tensorflow":
+        return export_all(work_dir, output_dir=output_dir, name=name, search=search,
+                          formats=formats)  # fmt: skip
+    import subprocess
+    import sys
 
-        command = [sys.executable, "-m", "keras_transformer.export", "--work-dir", work_dir,
-                   "--output-dir", output_dir, "--name", name]  # fmt: skip
-        env = dict(os.environ, KERAS_BACKEND="tensorflow")
-        output = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
-        lines = output.stdout.split()
-        return dict(zip(FORMATS, lines[-len(FORMATS) :], strict=True))
-    return export_all(work_dir, output_dir=output_dir, name=name, search=search)
+    check_work_dir(work_dir)
+    version = new_version(output_dir, name)
+    command = [
+        sys.executable, "-m", "keras_transformer.export", "--work-dir", work_dir,
+        "--output-dir", output_dir, "--name", name, "--version", str(version),
+        "--formats", ",".join(formats),
+        *(f"--{key.replace('_', '-')}={value}" for key, value in search.items()),
+    ]  # fmt: skip
+    env = dict(os.environ, KERAS_BACKEND="tensorflow")
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(
+            f"Export in a TensorFlow subprocess failed (exit {result.returncode}): "
+            f"{' '.join(command)}\n{result.stderr[-3000:]}"
+        )
+    return {f: p for f, p in _paths(output_dir, name, version).items() if f in formats}
 
 
-__all__ = ["DEFAULT_SEARCH", "default_name", "export_after_training", "export_all", "load_work_dir"]
+__all__ = [
+    "DEFAULT_SEARCH",
+    "default_name",
+    "export_after_training",
+    "export_all",
+    "load_work_dir",
+    "new_version",
+]

@@ -1,10 +1,4 @@
-"""Work-directory checks and atomic, versioned output directories.
-
-Layout of a trained work directory (written by `keras_transformer.training`):
-
-    <work_dir>/vocab.model   SentencePiece model (pad=0 unk=1 bos=2 eos=3)
-    <work_dir>/model.keras   the trained `Transformer`
-    <work_dir>/run.json      config, data, training options, final metrics
+"""Atomic, versioned output directories of the exporters.
 
 Exports land in TF Serving's layout, one integer version per export:
 
@@ -14,47 +8,21 @@ Exports land in TF Serving's layout, one integer version per export:
 
 Every directory is written under a hidden temporary name next to its target
 and renamed into place, so TF Serving (which polls `<name>/` for integer
-directories) never sees a half-written version.
+directories) never sees a half-written version. The work directory they read
+is `keras_transformer.workdir`'s.
 """
 
 import contextlib
-import json
 import os
 import shutil
 import tempfile
 
-WORK_DIR_FILES = ("vocab.model", "model.keras", "run.json")
+from keras_transformer import workdir
 
 
 def check_work_dir(work_dir):
-    """Raises a clear error unless `work_dir` holds a trained model; returns run.json's dict."""
-    if not os.path.isdir(work_dir):
-        raise FileNotFoundError(
-            f"Work directory {work_dir!r} does not exist. Train a model first: "
-            f"`python train.py --work-dir {work_dir}`."
-        )
-    missing = [f for f in WORK_DIR_FILES if not os.path.isfile(os.path.join(work_dir, f))]
-    if missing:
-        raise FileNotFoundError(
-            f"Work directory {work_dir!r} holds no trained model: missing {missing}. "
-            f"Train a model first (`python train.py --work-dir {work_dir}`) or pass the "
-            "work directory of a finished run."
-        )
-    with open(os.path.join(work_dir, "run.json")) as f:
-        try:
-            run_info = json.load(f)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{work_dir}/run.json is not valid JSON: {error}") from None
-    if not isinstance(run_info, dict):
-        raise ValueError(
-            f"{work_dir}/run.json must hold a JSON object. Received: {run_info!r:.200}"
-        )
-    if not run_info.get("metrics"):
-        raise ValueError(
-            f"{work_dir}/run.json has no final metrics: the training run did not finish. "
-            f"Finish it (`python train.py --work-dir {work_dir}` resumes) before exporting."
-        )
-    return run_info
+    """Raises a clear error unless `work_dir` holds a finished run; returns run.json's dict."""
+    return workdir.check(work_dir, finished=True)
 
 
 def next_version(model_dir):

@@ -3,6 +3,8 @@
 import argparse
 import logging
 
+from keras_transformer.export import FORMATS
+
 
 def parse_args(description, argv=None):
     parser = argparse.ArgumentParser(description=description)
@@ -15,12 +17,24 @@ def parse_args(description, argv=None):
     parser.add_argument("--overwrite", action="store_true", help="replace an existing version")
     parser.add_argument("--beam-size", type=int, default=None, help="default: run.json's, else 4")
     parser.add_argument("--alpha", type=float, default=None, help="default: run.json's, else 0.6")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--formats",
+        default=None,
+        help=f"comma-separated, of {','.join(FORMATS)} (default: this command's)",
+    )
+    args = parser.parse_args(argv)
+    if args.formats is not None:
+        args.formats = tuple(args.formats.split(","))
+        unknown = sorted(set(args.formats) - set(FORMATS))
+        if unknown:
+            parser.error(f"--formats must be of {FORMATS}. Received: --formats {args.formats}")
+    return args
 
 
 def main(formats, description, argv=None):
     """Parses flags and runs `export_all(formats=formats)`; returns the paths written."""
     args = parse_args(description, argv)
+    formats = args.formats or formats
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from keras_transformer.export import default_name, export_all
     from keras_transformer.export.artifacts import check_work_dir

@@ -1,0 +1,141 @@
+"""The run record (`run.json`) of a training run, and the summary printed at its end.
+
+`build()` is the one place that names run.json's keys; `report()` prints the
+results table and sample translations from a record.
+"""
+
+import dataclasses
+import time
+
+import keras
+
+
+def build(config, machine, data, model_config, inputs, fitted, averaging, test, wall_start):
+    """The contents of `run.json`.
+
+    Args:
+        config: the resolved `TrainingConfig`.
+        machine: `training.Machine` (CPU, threads, dtype policy, distribution).
+        data: the `TranslationData` trained on.
+        model_config: the `TransformerConfig` trained.
+        inputs: `training.Inputs` (batch statistics, tokenization and input timing).
+        fitted: `training.Fitted` (history, phases, validation BLEU, timings).
+        averaging: dict of the checkpoint averaging, or None.
+        test: `training.TestResult` (metrics, samples, decode seconds).
+        wall_start: `time.time()` when the run began.
+    """
+    phases, stats = fitted.phases, inputs.batch_stats
+    history = fitted.history
+    per_second = phases.steps / max(fitted.train_seconds, 1e-9)
+    return {
+        "preset": config.preset,
+        "config": dataclasses.asdict(model_config),
+        "data": dict(
+            data.info,
+            source_language=data.source_language,
+            target_language=data.target_language,
+            direction=f"{data.source_language}-{data.target_language}",
+        ),
+        "training": {
+            "epochs": config.epochs,
+            "epochs_run": len(history.get("loss", [])),
+            "steps_per_epoch": config.steps,
+            "batch_tokens": config.batch_tokens,
+            "warmup_steps": config.warmup_steps,
+            "learning_rate_scale": config.learning_rate_scale,
+            "dtype_policy": machine.dtype_policy,
+            "max_train_minutes": config.max_train_minutes,
+            "seed": config.seed,
+            "distribution": machine.strategy_description,
+            "num_replicas": machine.num_replicas,
+            "backend": keras.backend.backend(),
+            "padding_share": stats["padding_share"],
+            "mean_batch_size": stats["batch_size"],
+            "batches_per_pass": stats["batches"],
+            "passes_over_data": phases.steps / max(stats["batches"], 1),
+            "threads": machine.threads,
+        },
+        "cpu": machine.cpu,
+        "timing": {
+            "startup_seconds": fitted.startup_seconds,
+            "tokenize_seconds": inputs.tokenize_seconds,
+            "fit_seconds": phases.fit_seconds,
+            "first_step_seconds": phases.first_step_seconds,
+            "train_steps_seconds": fitted.train_seconds,
+            "input_seconds": inputs.input_timer.seconds,
+            "validation_seconds": phases.validation_seconds,
+            "validation_bleu_seconds": fitted.validation_bleu.seconds,
+            "epoch_end_seconds": phases.epoch_end_seconds,
+            "checkpoint_seconds": phases.epoch_end_seconds - fitted.validation_bleu.seconds,
+            "test_decode_seconds": test.seconds,
+        },
+        "curve": phases.curve,
+        "metrics": {
+            **test.metrics,
+            "val_loss": history["val_loss"][-1] if history.get("val_loss") else None,
+            "val_bleu_greedy": history["val_bleu"][-1] if history.get("val_bleu") else None,
+            "train_loss": history["loss"][-1] if history.get("loss") else None,
+            "train_seconds": fitted.train_seconds,
+            "train_steps": phases.steps,
+            # Real (non-pad) tokens per second of the training steps, from the
+            # mean batch of a pass over the data (target: with EOS).
+            "tokens_per_second": per_second * (stats["source_tokens"] + stats["target_tokens"]),
+            "target_tokens_per_second": per_second * stats["target_tokens"],
+            "source_tokens_per_second": per_second * stats["source_tokens"],
+            "sentences_per_second": per_second * stats["batch_size"],
+            "test_decode_seconds": test.seconds,
+            "wall_seconds": time.time() - wall_start,
+            "beam_size": config.beam_size,
+            "alpha": config.alpha,
+        },
+        "history": history,
+        "averaging": averaging,
+        "samples": test.samples,
+        "init_from": fitted.init_from,
+    }
+
+
+def report(run_info):
+    """Prints the results table, the time accounting and the sample translations."""
+    metrics, timing = run_info["metrics"], run_info["timing"]
+    lines = []
+    if "test" in metrics:
+        lines.append(
+            f"Test ({metrics['test']['segments']} pairs, beam {metrics['beam_size']}): "
+            f"BLEU {metrics['test']['bleu']:.2f}  chrF {metrics['test']['chrf']:.2f}"
+        )
+    if "test_sentences" in metrics:
+        m = metrics["test_sentences"]
+        lines.append(
+            f"Test, full sentences only ({m['segments']}): "
+            f"BLEU {m['bleu']:.2f}  chrF {m['chrf']:.2f}"
+        )
+    if "test_phrases_all_references" in metrics:
+        m = metrics["test_phrases_all_references"]
+        lines.append(
+            f"Test, phrases against every accepted translation ({m['segments']}, "
+            f"{m['references_per_segment']:.2f} references each): BLEU {m['bleu']:.2f}  "
+            f"chrF {m['chrf']:.2f}  exact match {100 * m['exact_match']:.1f}% "
+            f"(single reference: chrF {m['chrf_single']:.2f}, "
+            f"exact {100 * m['exact_match_first']:.1f}%)"
+        )
+    if metrics["val_loss"] is not None:
+        lines.append(f"Final validation loss {metrics['val_loss']:.3f}")
+    lines.append(
+        f"Training {metrics['train_seconds'] / 60:.1f} min, {metrics['train_steps']} steps, "
+        f"{metrics['tokens_per_second']:.0f} tokens/s; "
+        f"whole run {metrics['wall_seconds'] / 60:.1f} min"
+    )
+    fit = max(timing["fit_seconds"], 1e-9)
+    lines.append(
+        f"Of fit's {fit:.0f}s: steps {100 * timing['train_steps_seconds'] / fit:.0f}%, "
+        f"validation {100 * timing['validation_seconds'] / fit:.0f}%, "
+        f"epoch-end callbacks {100 * timing['epoch_end_seconds'] / fit:.0f}%; "
+        f"start-up {timing['startup_seconds']:.0f}s, test decoding "
+        f"{timing['test_decode_seconds']:.0f}s ({run_info['cpu']['summary']})"
+    )
+    for sample in run_info["samples"]:
+        lines.append(f"  {sample['source']}")
+        lines.append(f"    -> {sample['translation']}")
+        lines.append(f"    (reference: {sample['reference']})")
+    print("\n".join(lines), flush=True)

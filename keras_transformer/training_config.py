@@ -1,0 +1,172 @@
+"""What a training run does: a frozen `TrainingConfig` and the per-preset defaults.
+
+`TrainingConfig(preset="cpu")` leaves every option it is not given at None,
+which means "the preset's default"; `resolved()` fills them in from
+`TRAINING_DEFAULTS`. A value given is kept as given: 0 means 0 (no dropout,
+no validation BLEU, a zero-minute budget), never "the default".
+"""
+
+import dataclasses
+
+DTYPE_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
+
+# Per-preset training defaults; command-line options override them.
+TRAINING_DEFAULTS = {
+    # The default run: 18 minutes of training on a 2-core CPU, then beam search on
+    # the first 1,000 test pairs (`--test-samples 0`: all), within 30 minutes in
+    # all (README, "Measured: the default run"). Small batches and a short
+    # warm-up: in 18 minutes the number of updates is what limits learning.
+    "cpu": dict(
+        epochs=200,
+        steps=200,  # an epoch is a checkpoint: enough of them to average
+        batch_tokens=1024,
+        warmup_steps=300,
+        learning_rate_scale=0.5,  # peak 1.8e-3; 1.0 learned slower
+        max_train_minutes=18.0,
+        test_samples=1000,
+        validation_bleu_every=0,  # the test decode at the end measures quality
+        # Averaging the last 2 of 200-step checkpoints won in both measured default
+        # runs (validation loss 4.516 -> 4.472); 5 and 8 lost (README).
+        average_last=3,
+    ),  # fmt: skip
+    "small": dict(
+        epochs=10,
+        steps=400,
+        batch_tokens=2048,
+        warmup_steps=500,
+        max_train_minutes=None,
+    ),  # fmt: skip
+    "tiny": dict(epochs=2, steps=20, batch_tokens=512, warmup_steps=50, max_train_minutes=None),
+    "base": dict(
+        epochs=100, steps=1000, batch_tokens=25000, warmup_steps=4000, max_train_minutes=None
+    ),
+    "big": dict(
+        epochs=300, steps=1000, batch_tokens=25000, warmup_steps=4000, max_train_minutes=None
+    ),
+}
+# What a preset's entry above leaves out.
+COMMON_DEFAULTS = dict(
+    learning_rate_scale=1.0,  # the paper's curve
+    average_last=8,  # checkpoints averaged at most (k in 1, 2, 3, 5, 8)
+    validation_bleu_every=1,  # greedy validation BLEU every epoch
+    test_samples=0,  # all test pairs
+    max_train_minutes=None,  # no time budget
+)
+
+
+def corpus_defaults(train_pairs, preset):
+    """Config overrides for a corpus of `train_pairs` training pairs (README, "Your own data").
+
+    The presets' own values suit their corpora: `cpu` sees less than one pass
+    over Ding's 377k pairs in its 18 minutes and trains without dropout. A
+    smaller corpus is seen many times in the same budget, and overfits
+    without regularization; the published small-data recipes (fairseq's
+    IWSLT'14 at 160k pairs, the Multi30k Transformer at 29k) train with
+    dropout 0.3. Not yet measured here (README, "Your own data").
+
+    Returns:
+        dict of `TransformerConfig` fields (possibly empty).
+    """
+    overrides = {}
+    if train_pairs < 200_000 and preset in ("cpu", "small", "tiny"):
+        overrides["dropout"] = 0.3
+    return overrides
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingConfig:
+    """Options of `training.run()`; None means the preset's default (`resolved()`).
+
+    Variants are values: `dataclasses.replace(config, max_train_minutes=60.0)`.
+    """
+
+    # What to train.
+    preset: str | None = None  # a `config.PRESETS` name; None: `cpu`, or --init-from's
+    init_from: str | None = None  # a finished work directory: its weights and vocabulary
+    vocab_size: int | None = None  # of the shared BPE vocabulary; None: the preset's
+    dropout: float | None = None  # None: the preset's, or `corpus_defaults` off Ding
+
+    # On what.
+    dataset: str = "ding"  # "ding" or a TFDS translation dataset name
+    data_dir: str | None = None  # folder of parallel text files (overrides `dataset`)
+    direction: str | None = None  # "de-en", "en-de"...; None: the corpus order
+    ding_path: str | None = None  # the Ding dictionary file
+
+    # How long and how.
+    epochs: int | None = None
+    steps: int | None = None  # per epoch; an epoch ends with a checkpoint
+    batch_tokens: int | None = None  # about this many tokens per batch and side
+    warmup_steps: int | None = None  # of `TransformerSchedule`
+    learning_rate_scale: float | None = None  # `scale` of `TransformerSchedule`
+    dtype_policy: str | None = None  # None: mixed_bfloat16 on native-bf16 CPUs, else float32
+    max_train_minutes: float | None = None  # stop at the first step past it; 0: after one
+    logical_devices: int | None = None  # split the CPU into N devices for MirroredStrategy
+    seed: int = 1234
+
+    # Evaluation and what is written.
+    work_dir: str = "work"
+    validation_bleu_samples: int = 300  # validation pairs decoded greedily by `ValidationBleu`
+    validation_bleu_every: int | None = None  # epochs between them; 0: never
+    test: bool = True  # beam-search the test split at the end
+    test_samples: int | None = None  # test pairs decoded; 0: all
+    beam_size: int = 4
+    alpha: float = 0.6
+    average_last: int | None = None  # average up to this many last checkpoints; 1: none
+    export: bool = True  # SavedModel and ONNX at the end
+
+    def __post_init__(self):
+        positive = ("epochs", "steps", "batch_tokens", "warmup_steps", "vocab_size",
+                    "logical_devices", "average_last", "beam_size")  # fmt: skip
+        for name in positive:
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or value <= 0):
+                raise ValueError(f"{name} must be a positive integer. Received: {name}={value!r}")
+        for name in ("validation_bleu_every", "test_samples", "validation_bleu_samples"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0. Received: {name}={value!r}")
+        if self.learning_rate_scale is not None and self.learning_rate_scale <= 0:
+            raise ValueError(
+                f"learning_rate_scale must be > 0. Received: "
+                f"learning_rate_scale={self.learning_rate_scale}"
+            )
+        if self.max_train_minutes is not None and self.max_train_minutes < 0:
+            raise ValueError(
+                f"max_train_minutes must be >= 0. Received: max_train_minutes="
+                f"{self.max_train_minutes}"
+            )
+        if self.dtype_policy is not None and self.dtype_policy not in DTYPE_POLICIES:
+            raise ValueError(
+                f"dtype_policy must be one of {DTYPE_POLICIES}. "
+                f"Received: dtype_policy={self.dtype_policy!r}"
+            )
+        if self.preset is not None and self.preset not in TRAINING_DEFAULTS:
+            from keras_transformer.config import PRESETS
+
+            if self.preset not in PRESETS:
+                raise ValueError(
+                    f"Unknown preset {self.preset!r}. Available presets: {sorted(PRESETS)}"
+                )
+
+    def resolved(self, preset=None):
+        """A copy with every None replaced by the preset's default (`TRAINING_DEFAULTS`).
+
+        Args:
+            preset: the preset whose defaults apply when `self.preset` is None
+                (`--init-from`: the finished run's); None: `cpu`.
+
+        `dtype_policy` stays None (it depends on the machine: `training.run`
+        chooses it) and so do the model options (`vocab_size`, `dropout`),
+        which depend on the corpus.
+        """
+        preset = self.preset or preset or "cpu"
+        defaults = {**COMMON_DEFAULTS, **TRAINING_DEFAULTS.get(preset, TRAINING_DEFAULTS["cpu"])}
+        filled = {
+            name: defaults[name]
+            for name in defaults
+            if getattr(self, name, None) is None and name in _FIELDS
+        }
+        return dataclasses.replace(self, preset=preset, **filled)
+
+
+_FIELDS = frozenset(field.name for field in dataclasses.fields(TrainingConfig))

@@ -1,0 +1,185 @@
+"""The work directory of a training run: the one place that knows its layout.
+
+`training.run()` writes it; export, translation, averaging, attention plots
+and `--init-from` read it, all through this module:
+
+    <work_dir>/vocab.model     shared SentencePiece BPE model (pad 0, unk 1, bos 2, eos 3)
+    <work_dir>/model.keras     the trained model, saved at the end
+    <work_dir>/run.json        model config, data, options, final metrics (the run record)
+    <work_dir>/checkpoints/    one checkpoint per epoch: epoch_NNN.weights.h5
+    <work_dir>/backup/         BackupAndRestore state: a killed run resumes from here
+    <work_dir>/logs/           TensorBoard (loss, learning rate, validation BLEU)
+    <work_dir>/tfds/           TFDS-prepared corpora (the parsed Ding dictionary)
+    <work_dir>/workers/<task>/ what worker <task> of a multi-worker run writes
+
+A finished work directory is a preset in keras-hub's sense:
+`Transformer.from_preset(work_dir)` loads its model,
+`Translator.from_preset(work_dir)` its model and tokenizer.
+
+This module imports only the standard library at its top; Keras and the
+tokenizer are imported by the functions that load them.
+"""
+
+import dataclasses
+import json
+import os
+import re
+
+VOCABULARY = "vocab.model"
+MODEL = "model.keras"
+UNAVERAGED_MODEL = "model.last.keras"  # kept by `keras-transformer-average`
+RUN_RECORD = "run.json"
+CHECKPOINTS = "checkpoints"
+CHECKPOINT_PATTERN = "epoch_{epoch:03d}.weights.h5"  # ModelCheckpoint's file name
+CHECKPOINT_NAME = re.compile(r"^epoch_(\d+)\.weights\.h5$")  # 3 digits or more
+BACKUP = "backup"
+LOGS = "logs"
+TFDS = "tfds"
+WORKERS = "workers"
+
+# What a trained work directory must hold to be loaded or exported.
+TRAINED_FILES = (VOCABULARY, MODEL, RUN_RECORD)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkDir:
+    """Paths of one work directory. `WorkDir("work").model == "work/model.keras"`."""
+
+    path: str
+
+    def __post_init__(self):
+        object.__setattr__(self, "path", os.fspath(self.path))
+
+    def _join(self, name):
+        return os.path.join(self.path, name)
+
+    @property
+    def vocabulary(self):
+        return self._join(VOCABULARY)
+
+    @property
+    def model(self):
+        return self._join(MODEL)
+
+    @property
+    def unaveraged_model(self):
+        return self._join(UNAVERAGED_MODEL)
+
+    @property
+    def run_record(self):
+        return self._join(RUN_RECORD)
+
+    @property
+    def checkpoints(self):
+        return self._join(CHECKPOINTS)
+
+    @property
+    def checkpoint_pattern(self):
+        """`ModelCheckpoint`'s `filepath`: `<work_dir>/checkpoints/epoch_{epoch:03d}.weights.h5`."""
+        return os.path.join(self.checkpoints, CHECKPOINT_PATTERN)
+
+    @property
+    def backup(self):
+        return self._join(BACKUP)
+
+    @property
+    def logs(self):
+        return self._join(LOGS)
+
+    @property
+    def tfds(self):
+        return self._join(TFDS)
+
+    def worker(self, task_name):
+        """The work directory of one non-chief worker: `<work_dir>/workers/<task_name>`."""
+        return WorkDir(os.path.join(self.path, WORKERS, task_name))
+
+    def write_run_record(self, run_info):
+        """Writes `run.json` (indented, UTF-8), replacing it atomically."""
+        temporary = f"{self.run_record}.tmp{os.getpid()}"
+        with open(temporary, "w", encoding="utf-8") as f:
+            json.dump(run_info, f, indent=2, ensure_ascii=False)
+        os.replace(temporary, self.run_record)
+
+    def read_run_record(self):
+        """`run.json` as a dict, with errors that name the file."""
+        try:
+            with open(self.run_record, encoding="utf-8") as f:
+                run_info = json.load(f)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{self.run_record} is not valid JSON: {error}") from None
+        if not isinstance(run_info, dict):
+            raise ValueError(
+                f"{self.run_record} must hold a JSON object. Received: {run_info!r:.200}"
+            )
+        return run_info
+
+
+def is_work_dir(path):
+    """True when `path` is a directory holding a model file (not a preset name)."""
+    return isinstance(path, str | os.PathLike) and os.path.isfile(WorkDir(path).model)
+
+
+def check(work_dir, finished=True):
+    """Raises a clear error unless `work_dir` holds a trained model; returns run.json's dict.
+
+    Args:
+        work_dir: str or path.
+        finished: also require the final metrics in run.json, which a run
+            writes only once it is done (export wants them; translation does not).
+    """
+    work = WorkDir(work_dir)
+    if not os.path.isdir(work.path):
+        raise FileNotFoundError(
+            f"Work directory {work.path!r} does not exist. Train a model first: "
+            f"`python train.py --work-dir {work.path}`."
+        )
+    missing = [f for f in TRAINED_FILES if not os.path.isfile(os.path.join(work.path, f))]
+    if missing:
+        raise FileNotFoundError(
+            f"Work directory {work.path!r} holds no trained model: missing {missing}. "
+            f"Train a model first (`python train.py --work-dir {work.path}`) or pass the "
+            "work directory of a finished run."
+        )
+    run_info = work.read_run_record()
+    if finished and not run_info.get("metrics"):
+        raise ValueError(
+            f"{work.run_record} has no final metrics: the training run did not finish. "
+            f"Finish it (`python train.py --work-dir {work.path}` resumes) first."
+        )
+    return run_info
+
+
+def load_model(work_dir):
+    """The trained `Transformer` of `work_dir` (`model.keras`, loaded uncompiled)."""
+    import keras
+
+    from keras_transformer import register_keras_classes
+
+    path = WorkDir(work_dir).model
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"No trained model at {path}; run `python train.py --work-dir {work_dir}`."
+        )
+    register_keras_classes()  # load_model needs them
+    return keras.saving.load_model(path, compile=False)
+
+
+def load_tokenizer(work_dir):
+    """A keras-hub `SentencePieceTokenizer` of `work_dir`'s `vocab.model` (int32 ids)."""
+    import keras_hub
+
+    path = WorkDir(work_dir).vocabulary
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"No SentencePiece model at {path}")
+    return keras_hub.tokenizers.SentencePieceTokenizer(proto=path, dtype="int32")
+
+
+def load(work_dir, finished=False):
+    """`(model, tokenizer, run_info)` of a work directory written by `training.run()`.
+
+    Args:
+        finished: require run.json's final metrics (`check`).
+    """
+    run_info = check(work_dir, finished=finished)
+    return load_model(work_dir), load_tokenizer(work_dir), run_info

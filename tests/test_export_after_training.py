@@ -1,0 +1,34 @@
+"""`export_after_training` under every backend: after JAX or torch training the
+exporters run in a TensorFlow subprocess, whose paths are known without its output."""
+
+import os
+
+import pytest
+from export_fixtures import make_work_dir
+
+from keras_transformer import workdir
+
+pytestmark = [pytest.mark.multibackend, pytest.mark.slow]
+
+
+def test_exports_without_reading_the_exporters_output(tmp_path, monkeypatch):
+    import keras
+
+    from keras_transformer.export import export_after_training
+
+    work_dir = make_work_dir(str(tmp_path / "work"), steps=16)
+    run_info = workdir.check(work_dir)
+    output_dir = str(tmp_path / "saved_models")
+    os.makedirs(os.path.join(output_dir, "transformer_de_en", "3"))  # an older version
+    # Stray output in every Python process started from here on (the TensorFlow
+    # subprocess included): the paths must not come from what it prints.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("print('stray words on stdout', flush=True)\n")
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    )
+    paths = export_after_training(work_dir, run_info, output_dir, formats=("saved_model",))
+    assert paths == {"saved_model": os.path.join(output_dir, "transformer_de_en", "4")}
+    assert os.path.isfile(os.path.join(paths["saved_model"], "saved_model.pb"))
+    assert keras.backend.backend() in ("tensorflow", "jax", "torch")

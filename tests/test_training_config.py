@@ -1,0 +1,98 @@
+"""TrainingConfig: None is the preset's default, a value given is kept (0 included);
+the paper's recipe as one call for a user's own `model.fit`."""
+
+import dataclasses
+
+import keras
+import numpy as np
+import pytest
+
+from keras_transformer import Transformer, compile_with_paper_recipe
+from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
+from keras_transformer.schedules import TransformerSchedule
+from keras_transformer.training_config import (
+    COMMON_DEFAULTS,
+    TRAINING_DEFAULTS,
+    TrainingConfig,
+)
+
+
+@pytest.mark.parametrize("preset", sorted(TRAINING_DEFAULTS))
+def test_none_takes_the_presets_default(preset):
+    resolved = TrainingConfig(preset=preset).resolved()
+    expected = {**COMMON_DEFAULTS, **TRAINING_DEFAULTS[preset]}
+    for name, value in expected.items():
+        assert getattr(resolved, name) == value, name
+    assert resolved.dtype_policy is None  # the machine decides it when the run starts
+
+
+def test_no_preset_is_cpu_or_the_one_given_to_resolved():
+    assert TrainingConfig().resolved().preset == "cpu"
+    assert TrainingConfig().resolved(preset="tiny") == TrainingConfig(preset="tiny").resolved()
+    assert TrainingConfig(preset="small").resolved(preset="tiny").preset == "small"
+
+
+def test_zero_means_zero_not_the_default():
+    config = TrainingConfig(
+        preset="small", dropout=0.0, validation_bleu_every=0, max_train_minutes=0.0,
+        test_samples=0, validation_bleu_samples=0,
+    ).resolved()  # fmt: skip
+    assert config.dropout == 0.0
+    assert config.validation_bleu_every == 0
+    assert config.max_train_minutes == 0.0
+    assert config.test_samples == 0
+    assert config.validation_bleu_samples == 0
+
+
+def test_given_values_survive_resolution_and_config_is_a_value():
+    config = TrainingConfig(preset="cpu", epochs=3, max_train_minutes=60.0).resolved()
+    assert (config.epochs, config.steps, config.max_train_minutes) == (3, 200, 60.0)
+    assert dataclasses.replace(config, seed=7).seed == 7 and config.seed == 1234
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("epochs", 0), ("steps", -1), ("batch_tokens", 0), ("warmup_steps", 0),
+     ("learning_rate_scale", 0.0), ("max_train_minutes", -1.0), ("average_last", 0),
+     ("test_samples", -1), ("dtype_policy", "float16"), ("preset", "huge")],
+)  # fmt: skip
+def test_bad_values_are_named(field, value):
+    with pytest.raises(ValueError, match=field):
+        TrainingConfig(**{field: value})
+
+
+@pytest.mark.multibackend
+def test_compile_with_paper_recipe_for_a_users_own_fit():
+    model = Transformer.from_preset("tiny", vocab_size=40, dropout=0.0)
+    assert compile_with_paper_recipe(model, warmup_steps=100, learning_rate_scale=0.5) is model
+    optimizer = model.optimizer
+    assert isinstance(optimizer, keras.optimizers.Adam)
+    assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (0.9, 0.98, 1e-9)
+    schedule = optimizer._learning_rate
+    assert isinstance(schedule, TransformerSchedule)
+    assert schedule.get_config() == {"d_model": 64, "warmup_steps": 100, "scale": 0.5}
+    assert isinstance(model.loss, LabelSmoothedCrossEntropy)
+    assert (model.loss.label_smoothing, model.loss.pad_id) == (0.1, 0)
+    # The user's own fit: ({"source_ids", "target_ids"}, labels) batches, padding 0.
+    rng = np.random.default_rng(0)
+    source = rng.integers(4, 40, (16, 6)).astype("int32")
+    source[:, -1] = 3
+    target_in = np.concatenate([np.full((16, 1), 2, "int32"), source[:, :-1]], axis=1)
+    history = model.fit(
+        {"source_ids": source, "target_ids": target_in}, source, batch_size=8, epochs=3,
+        verbose=0,
+    )  # fmt: skip
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    assert any(isinstance(m, MaskedAccuracy) for m in _metrics(model))
+    assert "accuracy" in history.history
+    # The learning rate followed the schedule: 6 updates, so step 7 (counted from 1), in warm-up.
+    expected = 0.5 * 64**-0.5 * 7 * 100**-1.5
+    np.testing.assert_allclose(float(optimizer.learning_rate), expected, rtol=1e-5)
+
+
+def _metrics(model):
+    found = []
+    for metric in model.metrics:
+        found.append(metric)
+        found.extend(getattr(metric, "metrics", []))
+    return found
