@@ -20,6 +20,8 @@ Output sequences hold the generated tokens without the start token, the
 end token included, and `pad_id` after it.
 """
 
+import numbers
+
 import keras
 from keras import ops
 
@@ -66,6 +68,11 @@ def _batch_offsets(reference, stride):
 def _take(tensor, indices):
     """Rows `indices (...)` of `tensor (N, ...)` along axis 0, flattened to `(M, ...)`."""
     return ops.take(tensor, ops.reshape(indices, (-1,)), axis=0)
+
+
+def _is_negative(value):
+    """True for a negative Python or numpy number; a (maybe symbolic) tensor is not checked."""
+    return isinstance(value, numbers.Real) and value < 0
 
 
 def _check_limits(max_length, max_lengths, start_ids):
@@ -152,7 +159,7 @@ def beam_search(
         max_length: int or int scalar tensor, T: size of the output buffer.
         eos_id: int.
         beam_size: int K >= 1.
-        alpha: float >= 0, the length-penalty exponent.
+        alpha: float >= 0 (or a float32 scalar tensor), the length-penalty exponent.
         max_lengths: optional `(B,)` int, per-sequence limit on generated
             tokens (EOS included), at most `max_length`.
         pad_id: int written after EOS.
@@ -163,7 +170,7 @@ def beam_search(
     """
     if not isinstance(beam_size, int) or beam_size < 1:
         raise ValueError(f"beam_size must be a positive integer. Received: beam_size={beam_size}")
-    if alpha < 0:
+    if _is_negative(alpha):
         raise ValueError(f"alpha must be >= 0. Received: alpha={alpha}")
     k = beam_size
     start_ids = ops.cast(start_ids, "int32")
@@ -269,14 +276,15 @@ def output_limits(source_ids, max_extra_length=50, max_length=None, pad_id=0):
 
     Args:
         source_ids: `(B, S)` int ids, `pad_id` for padding.
-        max_extra_length: int, tokens allowed beyond the source length.
+        max_extra_length: int >= 0 (or an int32 scalar tensor), tokens allowed beyond
+            the source length.
         max_length: int or None, the model's positional range.
 
     Returns:
         `(buffer_length, max_lengths)`: the buffer size T (a Python int when
         S is static) and the `(B,)` int32 per-sentence limits.
     """
-    if max_extra_length < 0:
+    if _is_negative(max_extra_length):
         raise ValueError(
             f"max_extra_length must be >= 0. Received: max_extra_length={max_extra_length}"
         )
