@@ -1,11 +1,13 @@
 """Exports a trained work directory as ONNX graphs for ONNX Runtime.
 
     python export/onnx_model.py --work-dir work --output-dir saved_models
-    # -> saved_models/transformer_de_en/onnx/<version>/{encoder,decoder_step}.onnx, vocab.model
+    # -> saved_models/transformer_de_en/onnx/<version>/translate.onnx (text in, text out),
+    #    {encoder,decoder_step}.onnx, vocab.model, config.json
 
 Named onnx_model.py, not onnx.py: `python export/onnx.py` would put export/
 first on sys.path and shadow the `onnx` package. Load the result with
-`keras_transformer.onnx_translator.OnnxTranslator`.
+`keras_transformer.onnx_translator.OnnxTranslator`, or translate.onnx with plain
+onnxruntime + onnxruntime-extensions from any language.
 """
 
 import os

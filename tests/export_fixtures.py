@@ -1,8 +1,8 @@
 """A tiny trained work directory and its exports, built once per test session.
 
-Shared by test_export_saved_model.py, test_export_onnx.py and
-test_serving_bad_input.py: a SentencePiece model on synthetic text, a
-"tiny" Transformer fitted for a few seconds on a copy task (so greedy and
+Shared by test_export_saved_model.py, test_export_onnx.py,
+test_onnx_translate.py and test_serving_bad_input.py: a SentencePiece model
+on synthetic text, a "tiny" Transformer fitted for a few seconds on a copy task (so greedy and
 beam outputs differ from sentence to sentence and end with EOS), and one
 `export_all` of it. Results are cached in this module, so every test file
 shares one export.
@@ -127,16 +127,38 @@ def loaded_work_dir(work_dir):
     return _CACHE[key]
 
 
-def keras_translations(work_dir, sentences, beam_size):
-    """The Keras model's translations (the project's `Translator`), cached per beam size."""
-    key = ("translations", work_dir, beam_size, tuple(sentences))
+def keras_translations(work_dir, sentences, beam_size, alpha=0.6, max_extra_length=50):
+    """The Keras model's translations (the project's `Translator`), cached per setting."""
+    key = ("translations", work_dir, beam_size, alpha, max_extra_length, tuple(sentences))
     if key not in _CACHE:
         model, tokenizer, _ = loaded_work_dir(work_dir)
         from keras_transformer.translator import Translator
 
-        translate = Translator(model, tokenizer, beam_size=beam_size, alpha=0.6).translate
+        translate = Translator(
+            model, tokenizer, beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length
+        ).translate
         _CACHE[key] = list(translate(list(sentences)))
     return _CACHE[key]
+
+
+def onnx_jobs(onnx_dir, jobs):
+    """Runs `OnnxTranslator` jobs (see onnx_subprocess.py) in a process without TensorFlow.
+
+    Returns dict job name -> `{"value": ...}` or `{"error": "Type: message"}`,
+    plus `"modules"`: the blocked packages that got imported (none, if the
+    ONNX path is free of them).
+    """
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "onnx_subprocess.py")
+    completed = subprocess.run(
+        [sys.executable, script, onnx_dir], input=json.dumps(jobs), capture_output=True,
+        text=True, timeout=900, cwd="/",
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    line = [x for x in completed.stdout.splitlines() if x.startswith("RESULTS")][-1]
+    return json.loads(line[len("RESULTS") :])
 
 
 def loaded_saved_model(path):

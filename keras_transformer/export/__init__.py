@@ -6,7 +6,8 @@
 writes, in TF Serving's layout, with one new integer version per call:
 
     saved_models/transformer/<version>/        SavedModel, text in / text out
-    saved_models/transformer/onnx/<version>/   encoder.onnx, decoder_step.onnx,
+    saved_models/transformer/onnx/<version>/   translate.onnx (text in / text out),
+                                               encoder.onnx, decoder_step.onnx,
                                                vocab.model, config.json
 
 TensorFlow is imported by the exporters (the model must be loaded under

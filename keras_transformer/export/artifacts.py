@@ -3,8 +3,8 @@
 Exports land in TF Serving's layout, one integer version per export:
 
     <output_dir>/<name>/<version>/            SavedModel (TF Serving loads it)
-    <output_dir>/<name>/onnx/<version>/       encoder.onnx, decoder_step.onnx,
-                                              vocab.model, config.json
+    <output_dir>/<name>/onnx/<version>/       translate.onnx, encoder.onnx,
+                                              decoder_step.onnx, vocab.model, config.json
 
 Every directory is written under a hidden temporary name next to its target
 and renamed into place, so TF Serving (which polls `<name>/` for integer

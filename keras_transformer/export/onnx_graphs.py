@@ -1,8 +1,19 @@
-"""ONNX export: an encoder graph and a one-step decoder graph with an explicit cache.
+"""ONNX export: `translate.onnx` (text in, text out) and the encoder / decoder-step graphs.
 
-tf2onnx has no SentencePiece mapping, so tokenization stays outside the
-graphs (the `sentencepiece` package reads the same `vocab.model` and gives
-identical ids) and search runs on the host (`OnnxTranslator`).
+    translate.onnx
+        sentences        string (B,)       UTF-8 text
+        beam_size        int32 ()          optional: 1 (greedy) or the exported beam size
+        alpha            float32 ()        optional: length-penalty exponent (default 0.6)
+        max_extra_length int32 ()          optional: output tokens beyond the source length (50)
+     -> translations     string (B,)
+
+    One graph with everything inside: onnxruntime-extensions' SentencePiece
+    tokenizer, the SavedModel's source rules (truncation to max_length - 1
+    pieces, EOS, padding), `decoding.translate_ids` itself (greedy and beam
+    search as ONNX `Loop`s, converted by tf2onnx from the same code the
+    Keras `Translator` and the SavedModel run), detokenization up to EOS,
+    and "" for blank input (`onnx_text.text_to_text`). It loads with
+    `onnxruntime` + `onnxruntime-extensions` and no project code.
 
     encoder.onnx
         source_ids  int32 (B, S)            ids ending with EOS, 0-padded
@@ -19,6 +30,9 @@ identical ids) and search runs on the host (`OnnxTranslator`).
      -> logits      float32 (B, V)          next-token logits
         new_self_key, new_self_value         the cache with position `index` written
 
+    The two step graphs are for runtimes without onnxruntime-extensions,
+    which then tokenize and search themselves.
+
 B, S and T are dynamic; L (layers), N (heads), H (head size) are fixed.
 """
 
@@ -27,15 +41,23 @@ import json
 import os
 import shutil
 
+import numpy as np
 import tensorflow as tf
+
+from keras_transformer.decoding import translate_ids
+from keras_transformer.export.onnx_passes import simplify
+from keras_transformer.export.onnx_text import text_to_text
 
 # tf2onnx supports opsets up to 18; 17 is the newest every onnxruntime >= 1.13 runs.
 DEFAULT_OPSET = 17
+# translate.onnx needs 18 (BitwiseAnd, in Keras's float argmax); onnxruntime >= 1.14.
+TRANSLATE_OPSET = 18
 ENCODER_OUTPUTS = ("cross_key", "cross_value", "source_mask")
 DECODER_INPUTS = (
     "token_ids", "index", "self_key", "self_value", "cross_key", "cross_value", "source_mask"
 )  # fmt: skip
 DECODER_OUTPUTS = ("logits", "new_self_key", "new_self_value")
+TRANSLATE_INPUTS = ("sentences", "beam_size", "alpha", "max_extra_length")
 
 
 def _cache_spec(config, name):
@@ -87,39 +109,247 @@ def decoder_step_function(model):
     return decoder_step
 
 
-def _convert(function, path, opset):
+class GrowingCache:
+    """A `Transformer` whose self-attention cache holds only the positions decoded so far.
+
+    `Transformer.init_cache` allocates keys and values for all T output
+    positions up front, and every `decode_step` rewrites the whole
+    `(B, L, T, N, H)` buffer (a one-hot blend) and attends over all T,
+    masked. Here the cache holds the positions decoded so far plus one
+    free, zero position: the model's own `decode_step` writes the new key
+    and value there and attends over exactly the earlier positions, then
+    one zero position is appended for the next step. Step t costs O(t),
+    not O(T), and attends over the same keys (the masked ones only ever
+    added exact zeros). It has what `decoding.translate_ids` needs
+    (`config`, `built`, `init_cache`, `decode_step`), so the search and
+    the model code are the package's own, unchanged.
+
+    The free position is there from the start because a cache with 0
+    positions converts to ONNX `Reshape`s whose 0 means "copy this
+    dimension". The T axis changes size from step to step, so this only
+    works where the while loop allows it: in a `tf.function` with a
+    dynamic source length (the cache's T is then statically unknown).
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self.config = model.config
+        self.built = model.built
+
+    def _zeros(self, reference, positions):
+        """`(B, L, positions, N, H)` zeros, batch from `reference` (B, ...)."""
+        config = self.config
+        shape = (
+            tf.shape(reference)[0],
+            config.num_layers,
+            positions,
+            config.num_heads,
+            config.d_model // config.num_heads,
+        )
+        return tf.zeros(tf.stack(shape), tf.float32)
+
+    def init_cache(self, source_ids, max_length):
+        cache = self.model.init_cache(source_ids, 1)
+        one = tf.shape(source_ids)[1] * 0 + 1  # a tensor: T stays unknown to the loop
+        free = self._zeros(source_ids, one)  # (B, L, 1, N, H)
+        return dict(cache, self_key=free, self_value=free)
+
+    def decode_step(self, token_ids, cache):
+        logits, cache = self.model.decode_step(token_ids, cache)  # fills the free position
+        free = self._zeros(cache["self_key"], 1)  # (B, L, 1, N, H)
+        cache = dict(
+            cache,
+            self_key=tf.concat([cache["self_key"], free], axis=2),  # (B, L, t + 2, N, H)
+            self_value=tf.concat([cache["self_value"], free], axis=2),
+        )
+        return logits, cache
+
+
+def search_function(model, beam_sizes=(1, 4)):
+    """`tf.function`: `decoding.translate_ids` with the search settings as inputs.
+
+    Inputs: `source_ids` int32 (B, S); `beam_size` int32 scalar, one of
+    `beam_sizes` (another value runs the last of them); `alpha` float32
+    and `max_extra_length` int32 scalars (negative values count as 0).
+    Output: `target_ids` int32 (B, T). Each beam size is its own branch
+    (the search's state has the beam size in its shapes).
+    """
+    if not beam_sizes or any(not isinstance(k, int) or k < 1 for k in beam_sizes):
+        raise ValueError(f"beam_sizes must be positive integers. Received: {beam_sizes}")
+    if not model.built:
+        model.build()
+    grown = GrowingCache(model)
+    signature = [
+        tf.TensorSpec([None, None], tf.int32, name="source_ids"),
+        tf.TensorSpec([], tf.int32, name="beam_size"),
+        tf.TensorSpec([], tf.float32, name="alpha"),
+        tf.TensorSpec([], tf.int32, name="max_extra_length"),
+    ]
+
+    @tf.function(input_signature=signature, autograph=False)
+    def search(source_ids, beam_size, alpha, max_extra_length):
+        alpha = tf.maximum(alpha, 0.0)
+        max_extra_length = tf.maximum(max_extra_length, 0)
+
+        def branch(k):
+            return lambda: translate_ids(grown, source_ids, k, alpha, max_extra_length)
+
+        def select(sizes):  # nested conditionals: only the chosen search runs
+            if len(sizes) == 1:
+                return branch(sizes[0])()
+            return tf.cond(tf.equal(beam_size, sizes[0]), branch(sizes[0]),
+                           lambda: select(sizes[1:]))  # fmt: skip
+
+        return {"target_ids": select(tuple(beam_sizes))}
+
+    return search
+
+
+def _sign_bit_bitcast(ctx, node, name, args):
+    """tf2onnx handler: `tf.bitcast(float32 -> int32)` as `keras.ops.signbit` uses it.
+
+    Keras's float `argmax` (greedy search) tells -0.0 from 0.0 with
+    `bitwise_and(bitcast(x, int32), INT32_MIN) < 0`. ONNX has no bitcast;
+    this emits `INT32_MIN` where the sign bit of x is set and 0 elsewhere,
+    which is exact for that use and refused for any other.
+    """
+    from onnx import TensorProto
+    from tf2onnx import utils
+
+    int32_min = np.iinfo(np.int32).min
+    for consumer in ctx.find_output_consumers(node.output[0]):
+        others = [i for i in consumer.input if i != node.output[0]]
+        if not (
+            consumer.type == "BitwiseAnd"
+            and len(others) == 1
+            and ctx.is_const(others[0])
+            and np.all(ctx.get_tensor_value(others[0], as_list=False) == int32_min)
+        ):
+            raise ValueError(
+                f"Only the sign-bit Bitcast of keras.ops.signbit converts to ONNX. "
+                f"Received: {node.name} feeding {consumer.type} {consumer.name}"
+            )
+    x, outputs = node.input[0], list(node.output)
+    ctx.remove_node(node.name)
+
+    def const(value, dtype):
+        return ctx.make_const(utils.make_name("sign_bit"), np.array(value, dtype)).output[0]
+
+    def op(op_type, *inputs):
+        return ctx.make_node(op_type, list(inputs)).output[0]
+
+    zero = const(0.0, np.float32)
+    # Negative, or -0.0 (the only zero whose reciprocal is negative: -inf).
+    negative_zero = op("And", op("Equal", x, zero), op("Less", op("Reciprocal", x), zero))
+    sign = op("Or", op("Less", x, zero), negative_zero)
+    ctx.make_node(
+        "Where", [sign, const(int32_min, np.int32), const(0, np.int32)],
+        outputs=outputs, name=name, dtypes=[TensorProto.INT32],
+    )  # fmt: skip
+
+
+def _select_as_where(ctx, node, name, args):
+    """tf2onnx handler: `tf.where` (SelectV2) as one ONNX `Where`.
+
+    tf2onnx's own handler writes `cond * x + (1 - cond) * y` (5 nodes, and
+    NaN where the unselected side is infinite); `Where` broadcasts exactly
+    as SelectV2 does.
+    """
+    node.type = "Where"
+
+
+def _convert(function, opset):
+    """A `tf.function` with an input signature -> simplified, checked `onnx.ModelProto`."""
     import onnx
     import tf2onnx  # optional heavy dependency: imported only here
 
     model_proto, _ = tf2onnx.convert.from_function(
-        function, input_signature=function.input_signature, opset=opset
+        function,
+        input_signature=function.input_signature,
+        opset=opset,
+        custom_op_handlers={
+            "Bitcast": (_sign_bit_bitcast, []),
+            "SelectV2": (_select_as_where, []),
+        },
     )
+    simplify(model_proto)
     onnx.checker.check_model(model_proto, full_check=True)
-    onnx.save(model_proto, path)
+    return model_proto
+
+
+def export_translate(model, vocab_path, path, search):
+    """Writes `translate.onnx` to `path`: strings in, strings out (see the module docstring).
+
+    Args:
+        model: a trained `Transformer` (TensorFlow backend).
+        vocab_path: its SentencePiece model file (embedded in the graph).
+        path: the file to write.
+        search: dict with `beam_size`, `alpha`, `max_extra_length`: the
+            defaults of the optional inputs. Beam sizes 1 and `beam_size`
+            are in the graph.
+
+    Returns:
+        dict of what config.json records about the graph.
+    """
+    import onnx
+
+    beam_sizes = tuple(sorted({1, int(search["beam_size"])}))
+    search_graph = _convert(search_function(model, beam_sizes), TRANSLATE_OPSET)
+    with open(vocab_path, "rb") as f:
+        vocab_model = f.read()
+    defaults = {
+        "beam_size": np.array(search["beam_size"], np.int32),
+        "alpha": np.array(search["alpha"], np.float32),
+        "max_extra_length": np.array(search["max_extra_length"], np.int32),
+    }
+    config = model.config
+    translate = text_to_text(
+        search_graph, vocab_model, config.max_length, config.eos_id, config.pad_id, defaults
+    )
+    onnx.checker.check_model(translate)
+    onnx.save(translate, path)
+    return {
+        "inputs": list(TRANSLATE_INPUTS),
+        "outputs": ["translations"],
+        "beam_sizes": list(beam_sizes),
+        "defaults": {name: value.item() for name, value in defaults.items()},
+        "opset": TRANSLATE_OPSET,
+    }
 
 
 def export_onnx(model, vocab_path, export_dir, opset=DEFAULT_OPSET, search=None):
-    """Writes encoder.onnx, decoder_step.onnx, vocab.model and config.json to `export_dir`.
+    """Writes translate.onnx, encoder.onnx, decoder_step.onnx, vocab.model and config.json.
 
     Args:
         model: a trained `Transformer` (TensorFlow backend).
         vocab_path: its SentencePiece model file, copied next to the graphs.
         export_dir: an existing, empty directory.
-        opset: ONNX opset, at most 18 (tf2onnx's maximum).
-        search: dict of default search settings for `OnnxTranslator`
-            (`beam_size`, `alpha`, `max_extra_length`).
+        opset: ONNX opset of encoder.onnx and decoder_step.onnx, at most 18
+            (tf2onnx's maximum); translate.onnx uses `TRANSLATE_OPSET`.
+        search: dict of search settings (`beam_size`, `alpha`,
+            `max_extra_length`): the defaults of translate.onnx.
     """
     if not 13 <= opset <= 18:
         raise ValueError(
             f"opset must be in [13, 18] (tf2onnx supports up to 18). Received: opset={opset}"
         )
-    _convert(encoder_function(model), os.path.join(export_dir, "encoder.onnx"), opset)
-    _convert(decoder_step_function(model), os.path.join(export_dir, "decoder_step.onnx"), opset)
+    import onnx
+
+    search = {"beam_size": 4, "alpha": 0.6, "max_extra_length": 50, **(search or {})}
+    translate = export_translate(
+        model, vocab_path, os.path.join(export_dir, "translate.onnx"), search
+    )
+    onnx.save(_convert(encoder_function(model), opset), os.path.join(export_dir, "encoder.onnx"))
+    onnx.save(
+        _convert(decoder_step_function(model), opset),
+        os.path.join(export_dir, "decoder_step.onnx"),
+    )
     shutil.copyfile(vocab_path, os.path.join(export_dir, "vocab.model"))
     config = {
         "model": dataclasses.asdict(model.config),
-        "search": dict(search or {}),
+        "search": search,
         "opset": opset,
+        "translate": translate,
         "encoder": {"inputs": ["source_ids"], "outputs": list(ENCODER_OUTPUTS)},
         "decoder_step": {"inputs": list(DECODER_INPUTS), "outputs": list(DECODER_OUTPUTS)},
     }

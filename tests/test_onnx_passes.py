@@ -1,0 +1,135 @@
+"""The graph clean-ups of the ONNX export compute what the graphs computed before them.
+
+Small hand-built graphs with the two patterns tf2onnx leaves in the search
+loop, run with onnxruntime before and after `onnx_passes`.
+"""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from keras_transformer.export import onnx_passes
+
+
+def _run(model, feeds):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), options, ["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def _model(graph):
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _loop_model():
+    """acc <- acc @ w + bias, 4 times; w and bias ride along as loop state (as tf2onnx does)."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("MatMul", ["acc_in", "w_in"], ["product"]),
+            helper.make_node("Add", ["product", "bias_in"], ["acc_out"]),
+            helper.make_node("Identity", ["w_in"], ["w_out"]),
+            helper.make_node("Identity", ["bias_in"], ["bias_out"]),
+        ],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("w_in", TensorProto.FLOAT, [3, 3]),
+         helper.make_tensor_value_info("bias_in", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("w_out", TensorProto.FLOAT, [3, 3]),
+         helper.make_tensor_value_info("bias_out", TensorProto.FLOAT, [3])],
+    )  # fmt: skip
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [
+            helper.make_node(
+                "Loop", ["trips", "", "x", "w", "bias"], ["acc", "w_final", "bias_final"], body=body
+            ),
+            helper.make_node("Add", ["acc", "bias_final"], ["y"]),
+        ],
+        "loop",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        [
+            numpy_helper.from_array(np.array(4, np.int64), "trips"),
+            numpy_helper.from_array(rng.normal(size=(3, 3)).astype(np.float32) / 2, "w"),
+            numpy_helper.from_array(rng.normal(size=3).astype(np.float32), "bias"),
+        ],
+    )
+    return _model(graph)
+
+
+def test_loop_invariants_become_outer_references():
+    model = _loop_model()
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    (expected,) = _run(model, {"x": x})
+    assert onnx_passes.hoist_loop_invariants(model.graph) == 2
+    onnx_passes.prune(model.graph)
+    onnx.checker.check_model(model, full_check=True)
+    (loop,) = [n for n in model.graph.node if n.op_type == "Loop"]
+    assert list(loop.input) == ["trips", "", "x"] and list(loop.output) == ["acc"]
+    (got,) = _run(model, {"x": x})
+    np.testing.assert_array_equal(got, expected)
+
+
+def _tensordot_model(contracted_axis):
+    """tf.tensordot(x (2, 5, 4), w (4, 3)) as tf2onnx writes it, flattening around one axis."""
+    free = [a for a in range(3) if a != contracted_axis]
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "free"], ["free_dims"], axis=0),
+        helper.make_node("Gather", ["shape", "axes"], ["axes_dims"], axis=0),
+        helper.make_node("ReduceProd", ["free_dims"], ["free_size"], keepdims=0),
+        helper.make_node("ReduceProd", ["axes_dims"], ["axes_size"], keepdims=0),
+        helper.make_node("Unsqueeze", ["free_size", "zero"], ["free_size_1"]),
+        helper.make_node("Unsqueeze", ["axes_size", "zero"], ["axes_size_1"]),
+        helper.make_node("Concat", ["free_size_1", "axes_size_1"], ["flat_shape"], axis=0),
+        helper.make_node("Reshape", ["x", "flat_shape"], ["flat"]),
+        helper.make_node("MatMul", ["flat", "w"], ["product"]),
+        helper.make_node("Concat", ["free_dims", "units"], ["out_shape"], axis=0),
+        helper.make_node("Reshape", ["product", "out_shape"], ["y"]),
+    ]
+    rng = np.random.default_rng(1)
+    graph = helper.make_graph(
+        nodes,
+        "tensordot",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "T", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", "T", 3])],
+        [
+            numpy_helper.from_array(np.array(free, np.int64), "free"),
+            numpy_helper.from_array(np.array([contracted_axis], np.int64), "axes"),
+            numpy_helper.from_array(np.array([0], np.int64), "zero"),
+            numpy_helper.from_array(np.array([3], np.int64), "units"),
+            numpy_helper.from_array(rng.normal(size=(4, 3)).astype(np.float32), "w"),
+        ],
+    )
+    return _model(graph)
+
+
+def test_flattening_matmul_reads_the_unflattened_input():
+    model = _tensordot_model(contracted_axis=2)
+    x = np.random.default_rng(2).normal(size=(2, 5, 4)).astype(np.float32)
+    (expected,) = _run(model, {"x": x})
+    assert onnx_passes.fold_flattening_matmuls(model.graph) == 1
+    assert onnx_passes.prune(model.graph) > 0
+    (matmul,) = [n for n in model.graph.node if n.op_type == "MatMul"]
+    assert list(matmul.input) == ["x", "w"]
+    assert "flat" not in {o for n in model.graph.node for o in n.output}
+    (got,) = _run(model, {"x": x})
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("contracted_axis", [0, 1])
+def test_other_flattenings_are_left_alone(contracted_axis):
+    """Contracting any axis but the last is not a broadcast MatMul: no rewrite."""
+    model = _tensordot_model(contracted_axis)
+    assert onnx_passes.fold_flattening_matmuls(model.graph) == 0

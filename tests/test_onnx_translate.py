@@ -1,0 +1,145 @@
+"""translate.onnx through `OnnxTranslator`: Keras's translations, the SavedModel's bad-input rules.
+
+The ONNX side runs in one subprocess that cannot import TensorFlow or Keras
+(`onnx_subprocess.py`); the Keras `Translator` and the SavedModel run here.
+Expected agreement is exact: translate.onnx runs `decoding.translate_ids`
+itself (converted by tf2onnx), with the same scoring rule, limits and
+tie-breaking, so greedy and beam outputs are the same strings.
+"""
+
+import os
+
+import pytest
+from export_fixtures import (
+    exported,
+    held_out_sentences,
+    keras_translations,
+    loaded_saved_model,
+    onnx_jobs,
+)
+
+pytestmark = pytest.mark.slow
+
+LONG = " ".join(["haus katze"] * 5000)  # 10,000 words
+INVALID_UTF8 = b"haus \xff\xfe katze \xc3"
+ODD = [
+    "",
+    "   ",
+    " \t\u3000",
+    LONG,
+    "Müller straße ß é",
+    "Das 🏠 ist 小さい.",
+    "日本語 テキスト 😀",
+]
+GREEDY = held_out_sentences(200) + ODD  # in batches of 32, sorted by length: padded batches
+BEAM = held_out_sentences(50, seed=11)
+SETTINGS = held_out_sentences(20, seed=13)
+BAD = ["", "haus", LONG, {"bytes": INVALID_UTF8.decode("latin-1")}, "Das 🏠 ist 小さい.", "  "]
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory):
+    return exported(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def onnx(export, tmp_path_factory):
+    """Every ONNX result the tests below read, from one subprocess."""
+    empty_dir = str(tmp_path_factory.mktemp("not_an_export"))
+    jobs = [
+        {"name": "greedy", "call": "translate", "sentences": GREEDY, "kwargs": {"beam_size": 1}},
+        {"name": "beam", "call": "translate", "sentences": BEAM},
+        {"name": "greedy_limit_2", "call": "translate", "sentences": SETTINGS,
+         "kwargs": {"beam_size": 1, "max_extra_length": 2}},
+        {"name": "beam_alpha_0", "call": "translate", "sentences": SETTINGS,
+         "kwargs": {"alpha": 0.0}},
+        {"name": "bad", "call": "translate", "sentences": BAD},
+        {"name": "bad_greedy", "call": "translate", "sentences": BAD, "kwargs": {"beam_size": 1}},
+        # The graph itself, without the host's blank handling and batching.
+        {"name": "graph_empty_batch", "call": "run", "sentences": []},
+        {"name": "graph_blank", "call": "run", "sentences": ["", " \t\u3000", "haus"]},
+        {"name": "graph_rank_2", "call": "session", "sentences": [["haus", "katze"]]},
+        {"name": "one_string", "call": "translate", "sentences": "haus"},
+        {"name": "not_a_string", "call": "translate", "sentences": ["haus", 5]},
+        {"name": "beam_3", "call": "translate", "sentences": ["haus"], "kwargs": {"beam_size": 3}},
+        {"name": "no_export", "call": "construct", "kwargs": {"export_dir": empty_dir}},
+    ]  # fmt: skip
+    return onnx_jobs(export[1]["onnx"], jobs)
+
+
+@pytest.fixture(scope="module")
+def serve(export):
+    import tensorflow as tf
+
+    loaded = loaded_saved_model(export[1]["saved_model"])
+
+    def run(sentences, name="serving_default"):
+        sentences = [s["bytes"].encode("latin-1") if isinstance(s, dict) else s for s in sentences]
+        out = loaded.signatures[name](sentences=tf.constant(sentences, dtype=tf.string))
+        return [t.decode("utf-8") for t in out["translations"].numpy()]
+
+    return run
+
+
+def _value(onnx, name):
+    assert "error" not in onnx[name], onnx[name]["error"]
+    return onnx[name]["value"]
+
+
+def test_no_tensorflow_or_keras_in_the_onnx_process(onnx):
+    assert _value(onnx, "modules") == []
+
+
+def test_greedy_equals_keras_on_200_sentences_and_odd_input(export, onnx):
+    expected = keras_translations(export[0], GREEDY, beam_size=1)
+    assert _value(onnx, "greedy") == expected
+    assert len(set(expected)) > 50  # the sentences translate differently
+    assert expected[200:203] == ["", "", ""]
+
+
+def test_beam_equals_keras_on_50_sentences(export, onnx):
+    expected = keras_translations(export[0], BEAM, beam_size=4)
+    assert _value(onnx, "beam") == expected
+    assert expected != keras_translations(export[0], BEAM, beam_size=1)  # beam search mattered
+
+
+def test_search_settings_are_inputs(export, onnx):
+    short = keras_translations(export[0], SETTINGS, beam_size=1, max_extra_length=2)
+    assert _value(onnx, "greedy_limit_2") == short
+    alpha_0 = keras_translations(export[0], SETTINGS, beam_size=4, alpha=0.0)
+    assert _value(onnx, "beam_alpha_0") == alpha_0
+
+
+def test_bad_input_gives_the_saved_models_outputs(onnx, serve):
+    """Blank, 10,000 words, invalid UTF-8 (U+FFFD), emoji and CJK: as the SavedModel."""
+    assert _value(onnx, "bad") == serve(BAD)
+    assert _value(onnx, "bad_greedy") == serve(BAD, "translate_greedy")
+    assert _value(onnx, "bad")[0] == "" and _value(onnx, "bad")[-1] == ""
+
+
+def test_graph_handles_empty_batch_and_blank_itself(onnx, serve):
+    assert _value(onnx, "graph_empty_batch") == [] == serve([])
+    assert _value(onnx, "graph_blank") == serve(["", " \t\u3000", "haus"])
+    assert _value(onnx, "graph_blank")[:2] == ["", ""]
+
+
+def test_wrong_input_is_a_clear_error(onnx):
+    assert "Invalid rank for input: sentences Got: 2 Expected: 1" in onnx["graph_rank_2"]["error"]
+    assert onnx["one_string"]["error"].startswith("TypeError: translate() expects a list")
+    assert onnx["not_a_string"]["error"].startswith("TypeError: OnnxTranslator expects str")
+    assert "int" in onnx["not_a_string"]["error"]
+    assert onnx["beam_3"]["error"].startswith("ValueError: beam_size must be one of")
+    assert onnx["no_export"]["error"].startswith("FileNotFoundError:")
+    assert "translate.onnx" in onnx["no_export"]["error"]
+
+
+def test_config_lists_the_graphs_inputs(export):
+    import json
+
+    with open(os.path.join(export[1]["onnx"], "config.json")) as f:
+        translate = json.load(f)["translate"]
+    assert translate["inputs"] == ["sentences", "beam_size", "alpha", "max_extra_length"]
+    assert translate["beam_sizes"] == [1, 4]
+    assert translate["defaults"] == pytest.approx(
+        {"beam_size": 4, "alpha": 0.6, "max_extra_length": 50}
+    )
