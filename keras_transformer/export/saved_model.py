@@ -88,6 +88,8 @@ def export_saved_model(model, tokenizer, export_dir, beam_size=4, alpha=0.6, max
 
     def text_to_text(beam):
         def translate(sentences):
+            # Signatures do not check ranks: refuse [["a", "b"]] instead of translating it.
+            sentences = tf.ensure_shape(sentences, [None])
             source_ids = encode_sentences(
                 tokenizer, sentences, config.max_length, config.eos_id, config.pad_id
             )
