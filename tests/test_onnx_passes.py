@@ -124,6 +124,7 @@ def test_flattening_matmul_reads_the_unflattened_input():
     (matmul,) = [n for n in model.graph.node if n.op_type == "MatMul"]
     assert list(matmul.input) == ["x", "w"]
     assert "flat" not in {o for n in model.graph.node for o in n.output}
+    assert "axes" not in {t.name for t in model.graph.initializer}  # unused now: removed
     (got,) = _run(model, {"x": x})
     np.testing.assert_array_equal(got, expected)
 

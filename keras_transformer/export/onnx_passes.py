@@ -197,25 +197,42 @@ def fold_flattening_matmuls(graph, outer_constants=None):
     return folded
 
 
+def _needed(graph):
+    needed = set()
+    for g in _all_graphs(graph):
+        needed.update(o.name for o in g.output)
+        for node in g.node:
+            needed.update(node.input)
+    return needed
+
+
 def prune(graph):
-    """Removes nodes whose outputs nothing reads (in this graph, its subgraphs or as outputs)."""
+    """Removes the nodes and initializers nothing reads; returns the number of nodes removed.
+
+    Read means: a node input in this graph or a subgraph, or a graph
+    output. Initializers that are also graph inputs (defaults of optional
+    inputs) stay. Without this, ONNX Runtime logs a warning for every
+    unused initializer when it loads the model.
+    """
     removed = 0
     while True:
-        needed = set()
-        for g in _all_graphs(graph):
-            needed.update(o.name for o in g.output)
-            for node in g.node:
-                needed.update(node.input)
+        needed = _needed(graph)
         dead = []
         for g in _all_graphs(graph):
             for node in g.node:
                 if not any(out in needed for out in node.output if out):
                     dead.append((g, node))
         if not dead:
-            return removed
+            break
         for g, node in dead:
             g.node.remove(node)
         removed += len(dead)
+    for g in _all_graphs(graph):
+        inputs = {i.name for i in g.input}
+        for tensor in list(g.initializer):
+            if tensor.name not in needed and tensor.name not in inputs:
+                g.initializer.remove(tensor)
+    return removed
 
 
 def simplify(model):
