@@ -1,15 +1,24 @@
-"""Serving benchmark: the SavedModel (TensorFlow) vs the ONNX graphs (ONNX Runtime), side by side.
+"""Serving benchmark: the SavedModel (TensorFlow) vs translate.onnx (ONNX Runtime), side by side.
 
-Both exports of one model translate the same sentences in one process:
-latency at batch 1 (median and p90 over `--latency-sentences` calls) and
-throughput at batch 64 (sentences per second over `--throughput-batches`
-batches), greedy and beam 4. Both runtimes get the same number of compute
-threads (`--threads`, default 1: stable numbers on a shared 2-core machine).
+Both exports of one model translate the same sentences with greedy search
+and beam 4, at batch sizes 1, 8 and 64, text in and text out (tokenizer,
+search and detokenizer inside each graph). Each runtime runs in its own
+worker process (onnxruntime-extensions' ops crash a process that has
+imported TensorFlow, and the ONNX worker shows that serving needs neither
+TensorFlow nor Keras); the parent alternates the two for `--rounds`
+rounds, each warmed up before it is timed, with the same number of
+compute threads (`--threads`, default 1).
 
-    # an export written by `python train.py` (latest version):
+Reported per point: CPU seconds of the worker per batch (user + system,
+`time.process_time`: what the work costs, and stable on a shared machine
+where wall time also measures the neighbours), wall seconds per batch,
+both as the median over rounds, and whether the two runtimes gave the
+same translations.
+
+    # an export written by `python train.py` (its newest versions):
     python benchmarks/serving.py --model-dir saved_models/transformer_de_en
-    # no trained model yet: a random-weight "small" preset, exported to a temp dir
-    python benchmarks/serving.py --random-preset small
+    # no trained model yet: a random-weight preset, exported to a temp dir
+    python benchmarks/serving.py --random-preset cpu
 
 With random weights no hypothesis ends early, so every sentence decodes to
 its length limit (source length + 50, at most max_length) on both paths:
@@ -22,24 +31,30 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+SEARCHES = {"greedy": 1, "beam 4": 4}
+
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model-dir", help="saved_models/<name>: its newest SavedModel and ONNX")
-    source.add_argument("--random-preset", help="benchmark a random-weight preset (e.g. small)")
+    source.add_argument("--random-preset", help="benchmark a random-weight preset (e.g. cpu)")
     parser.add_argument("--threads", type=int, default=1, help="compute threads per runtime")
-    parser.add_argument("--latency-sentences", type=int, default=20)
-    parser.add_argument("--throughput-batches", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-sizes", default="1,8,64")
+    parser.add_argument("--sentences", type=int, default=64,
+                        help="sentences per point and round (at least one batch)")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--corpus", default="/usr/share/trans/de-en")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--worker", choices=("saved_model", "onnx"), help=argparse.SUPPRESS)
+    parser.add_argument("--plan", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -88,105 +103,131 @@ def newest(directory):
     return os.path.join(directory, str(max(versions)))
 
 
-def measure(translate, sentences, batch_size, latency_sentences, throughput_batches):
-    """`translate(list of str) -> list of str` timed at batch 1 and at `batch_size`."""
-    translate(sentences[:1])  # warm-up: function instantiation, allocator
-    translate(sentences[:batch_size])
-    latencies = []
-    for sentence in sentences[:latency_sentences]:
-        start = time.perf_counter()
-        translate([sentence])
-        latencies.append(time.perf_counter() - start)
-    batches = [sentences[i * batch_size : (i + 1) * batch_size] for i in range(throughput_batches)]
-    start = time.perf_counter()
-    outputs = [t for batch in batches for t in translate(batch)]
-    elapsed = time.perf_counter() - start
-    latencies.sort()
-    return {
-        "latency_ms_median": 1000 * statistics.median(latencies),
-        "latency_ms_p90": 1000 * latencies[int(0.9 * (len(latencies) - 1))],
-        "throughput_sentences_per_s": len(outputs) / elapsed,
-        "outputs": outputs,
-    }
-
-
-def main(argv=None):
-    args = parse_args(argv)
-    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+def _saved_model_translate(export_dir, threads):
+    """`translate(batch, search) -> list of str` with the SavedModel's text signatures."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (SentencePiece ops of the SavedModel)
 
-    if args.threads:
-        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-        tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    loaded = tf.saved_model.load(export_dir)
+    signatures = {"greedy": "translate_greedy", "beam 4": "serving_default"}
 
+    def translate(batch, search):
+        function = loaded.signatures[signatures[search]]
+        out = function(sentences=tf.constant(batch))["translations"].numpy()
+        return [t.decode("utf-8") for t in out]
+
+    translate.keep = loaded  # the variables live as long as the function
+    return translate
+
+
+def _onnx_translate(export_dir, threads):
+    """`translate(batch, search) -> list of str`: one translate.onnx run per batch."""
     from keras_transformer.onnx_translator import OnnxTranslator
 
+    translator = OnnxTranslator(export_dir, intra_op_num_threads=threads)
+    return lambda batch, search: translator.run(batch, beam_size=SEARCHES[search])
+
+
+def worker(runtime, plan):
+    """Times every point of `plan` once (after a warm-up) and prints the results as JSON."""
+    make = _saved_model_translate if runtime == "saved_model" else _onnx_translate
+    translate = make(plan["exports"][runtime], plan["threads"])
+    results = {}
+    for search in SEARCHES:
+        for batch_size in plan["batch_sizes"]:
+            sentences = plan["sentences"]
+            batches = [sentences[i : i + batch_size] for i in range(0, len(sentences), batch_size)]
+            translate(batches[0], search)  # warm-up: graph instantiation, allocator
+            outputs = []
+            wall, cpu = time.perf_counter(), time.process_time()
+            for batch in batches:
+                outputs += translate(batch, search)
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            results[f"{search}|{batch_size}"] = {
+                "cpu_s_per_batch": cpu / len(batches),
+                "wall_s_per_batch": wall / len(batches),
+                "outputs": outputs,
+            }
+    print("RESULTS" + json.dumps(results))
+
+
+def _run_worker(runtime, plan_path):
+    command = [sys.executable, os.path.abspath(__file__), "--random-preset", "unused",
+               "--worker", runtime, "--plan", plan_path]  # fmt: skip
+    completed = subprocess.run(command, capture_output=True, text=True, check=False)
+    if completed.returncode != 0:
+        raise RuntimeError(f"{runtime} worker failed:\n{completed.stderr[-3000:]}")
+    line = [x for x in completed.stdout.splitlines() if x.startswith("RESULTS")][-1]
+    return json.loads(line[len("RESULTS") :])
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker:
+        with open(args.plan) as f:
+            return worker(args.worker, json.load(f))
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    count = max(args.sentences, max(batch_sizes))
     with tempfile.TemporaryDirectory() as root:
         if args.random_preset:
             model_dir = random_export(args.random_preset, args.corpus, root)
         else:
             model_dir = args.model_dir
-        saved_model_dir, onnx_dir = newest(model_dir), newest(os.path.join(model_dir, "onnx"))
-        loaded = tf.saved_model.load(saved_model_dir)
-        onnx = OnnxTranslator(onnx_dir, intra_op_num_threads=args.threads)
         name = os.path.basename(os.path.normpath(model_dir))
+        onnx_dir = newest(os.path.join(model_dir, "onnx"))
+        exports = {"saved_model": newest(model_dir), "onnx": onnx_dir}
         side = 1 if name.endswith("_en_de") else 0
-        count = max(args.latency_sentences, args.batch_size * args.throughput_batches)
-        sentences = ding_sentences(args.corpus, count, args.seed, side)
-
-        def saved_model(signature):
-            function = loaded.signatures[signature]
-
-            def translate(batch):
-                out = function(sentences=tf.constant(batch))["translations"].numpy()
-                return [t.decode("utf-8") for t in out]
-
-            return translate
-
-        runs = {
-            ("SavedModel", "greedy"): saved_model("translate_greedy"),
-            ("ONNX Runtime", "greedy"): lambda batch: onnx.translate(batch, beam_size=1),
-            ("SavedModel", "beam 4"): saved_model("serving_default"),
-            ("ONNX Runtime", "beam 4"): lambda batch: onnx.translate(batch, beam_size=4),
+        plan = {
+            "exports": exports,
+            "threads": args.threads,
+            "batch_sizes": batch_sizes,
+            "sentences": ding_sentences(args.corpus, count, args.seed, side),
         }
-        results = {}
-        for (runtime, search), translate in runs.items():
-            results[runtime, search] = measure(
-                translate, sentences, args.batch_size, args.latency_sentences,
-                args.throughput_batches,
-            )  # fmt: skip
-            r = results[runtime, search]
-            print(f"{runtime:12s} {search:6s}  batch 1: {r['latency_ms_median']:8.1f} ms median "
-                  f"({r['latency_ms_p90']:.1f} p90)   batch {args.batch_size}: "
-                  f"{r['throughput_sentences_per_s']:7.1f} sentences/s", flush=True)  # fmt: skip
+        plan_path = os.path.join(root, "plan.json")
+        with open(plan_path, "w") as f:
+            json.dump(plan, f)
+        rounds = {"saved_model": [], "onnx": []}
+        for round_index in range(args.rounds):
+            for runtime in ("saved_model", "onnx"):
+                rounds[runtime].append(_run_worker(runtime, plan_path))
+            print(f"round {round_index + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+        with open(os.path.join(exports["onnx"], "config.json")) as f:
+            model_config = json.load(f)["model"]
 
-    print(f"\nModel {name}: {onnx.config['num_layers']} layers, d_model {onnx.config['d_model']}, "
-          f"vocab {onnx.config['vocab_size']}; threads per runtime: {args.threads}")  # fmt: skip
+    print(f"\nModel {name}: {model_config['num_layers']} layers, "
+          f"d_model {model_config['d_model']}, vocab {model_config['vocab_size']}; "
+          f"threads per runtime: {args.threads}; "
+          f"{args.rounds} rounds, medians")  # fmt: skip
     print(
-        "| search | SavedModel b=1 ms | ORT b=1 ms | ORT speed-up | SavedModel b=64 sent/s "
-        "| ORT b=64 sent/s | ORT speed-up | same outputs |"
+        "| search | batch | SavedModel CPU s/batch | ONNX CPU s/batch | ONNX speed-up (CPU) "
+        "| SavedModel wall s/batch | ONNX wall s/batch | ONNX speed-up (wall) | same outputs |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     summary = {}
-    for search in ("greedy", "beam 4"):
-        tf_r, ort_r = results["SavedModel", search], results["ONNX Runtime", search]
-        latency_ratio = tf_r["latency_ms_median"] / ort_r["latency_ms_median"]
-        throughput_ratio = ort_r["throughput_sentences_per_s"] / tf_r["throughput_sentences_per_s"]
-        pairs = zip(tf_r["outputs"], ort_r["outputs"], strict=True)
-        same = sum(a == b for a, b in pairs) / len(tf_r["outputs"])
-        print(f"| {search} | {tf_r['latency_ms_median']:.1f} | {ort_r['latency_ms_median']:.1f} "
-              f"| {latency_ratio:.2f}x | {tf_r['throughput_sentences_per_s']:.1f} "
-              f"| {ort_r['throughput_sentences_per_s']:.1f} | {throughput_ratio:.2f}x "
-              f"| {100 * same:.0f}% |")  # fmt: skip
-        summary[search] = {
-            "saved_model": {k: v for k, v in tf_r.items() if k != "outputs"},
-            "onnxruntime": {k: v for k, v in ort_r.items() if k != "outputs"},
-            "ort_latency_speedup": latency_ratio,
-            "ort_throughput_speedup": throughput_ratio,
-            "same_outputs": same,
-        }
+    for search in SEARCHES:
+        for batch_size in batch_sizes:
+            key = f"{search}|{batch_size}"
+            row = {}
+            for runtime in rounds:
+                for clock in ("cpu", "wall"):
+                    times = [r[key][f"{clock}_s_per_batch"] for r in rounds[runtime]]
+                    row[f"{runtime}_{clock}_s"] = statistics.median(times)
+            pairs = zip(rounds["saved_model"][0][key]["outputs"], rounds["onnx"][0][key]["outputs"],
+                        strict=True)  # fmt: skip
+            same = [a == b for a, b in pairs]
+            row["same_outputs"] = sum(same) / len(same)
+            row["speedup_cpu"] = row["saved_model_cpu_s"] / row["onnx_cpu_s"]
+            row["speedup_wall"] = row["saved_model_wall_s"] / row["onnx_wall_s"]
+            summary[key] = row
+            print(f"| {search} | {batch_size} | {row['saved_model_cpu_s']:.3f} "
+                  f"| {row['onnx_cpu_s']:.3f} | {row['speedup_cpu']:.2f}x "
+                  f"| {row['saved_model_wall_s']:.3f} | {row['onnx_wall_s']:.3f} "
+                  f"| {row['speedup_wall']:.2f}x | {100 * row['same_outputs']:.0f}% |")  # fmt: skip
     print(json.dumps({"model": name, "threads": args.threads, "results": summary}))
     return summary
 
