@@ -17,6 +17,7 @@ Example:
 
 import json
 import os
+import sys
 
 import numpy as np
 
@@ -70,9 +71,6 @@ class OnnxTranslator:
         providers=("CPUExecutionProvider",),
         intra_op_num_threads=0,
     ):
-        import onnxruntime as ort
-        import onnxruntime_extensions
-
         path = os.path.join(export_dir, GRAPH)
         config_path = os.path.join(export_dir, "config.json")
         missing = [p for p in (path, config_path) if not os.path.isfile(p)]
@@ -95,6 +93,14 @@ class OnnxTranslator:
             self.defaults["max_extra_length"] if max_extra_length is None else max_extra_length
         )
         self._feeds()  # checks the settings before the session is built
+        if "tensorflow" in sys.modules:
+            raise RuntimeError(
+                "OnnxTranslator cannot run in a process that has imported TensorFlow: "
+                "onnxruntime-extensions' SentencePiece ops crash there (their bundled "
+                "protobuf clashes with TensorFlow's). Run it in a separate process."
+            )
+        import onnxruntime as ort
+        import onnxruntime_extensions
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_num_threads

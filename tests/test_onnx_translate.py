@@ -143,3 +143,11 @@ def test_config_lists_the_graphs_inputs(export):
     assert translate["defaults"] == pytest.approx(
         {"beam_size": 4, "alpha": 0.6, "max_extra_length": 50}
     )
+
+
+def test_refuses_a_process_with_tensorflow(export):
+    """Here TensorFlow is imported: a clear error instead of the extensions' crash."""
+    from keras_transformer.onnx_translator import OnnxTranslator
+
+    with pytest.raises(RuntimeError, match="imported TensorFlow"):
+        OnnxTranslator(export[1]["onnx"])

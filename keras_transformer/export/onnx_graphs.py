@@ -136,7 +136,7 @@ class GrowingCache:
         self.config = model.config
         self.built = model.built
 
-    def _zeros(self, reference, positions):
+    def _zeros(self, reference, positions, dtype):
         """`(B, L, positions, N, H)` zeros, batch from `reference` (B, ...)."""
         config = self.config
         shape = (
@@ -146,17 +146,18 @@ class GrowingCache:
             config.num_heads,
             config.d_model // config.num_heads,
         )
-        return tf.zeros(tf.stack(shape), tf.float32)
+        return tf.zeros(tf.stack(shape), dtype)
 
     def init_cache(self, source_ids, max_length):
+        """The model's cache with one free self-attention position (`max_length` unused)."""
         cache = self.model.init_cache(source_ids, 1)
         one = tf.shape(source_ids)[1] * 0 + 1  # a tensor: T stays unknown to the loop
-        free = self._zeros(source_ids, one)  # (B, L, 1, N, H)
+        free = self._zeros(source_ids, one, cache["self_key"].dtype)  # (B, L, 1, N, H)
         return dict(cache, self_key=free, self_value=free)
 
     def decode_step(self, token_ids, cache):
         logits, cache = self.model.decode_step(token_ids, cache)  # fills the free position
-        free = self._zeros(cache["self_key"], 1)  # (B, L, 1, N, H)
+        free = self._zeros(cache["self_key"], 1, cache["self_key"].dtype)  # (B, L, 1, N, H)
         cache = dict(
             cache,
             self_key=tf.concat([cache["self_key"], free], axis=2),  # (B, L, t + 2, N, H)
