@@ -105,7 +105,7 @@ def main(argv=None):
     # TensorFlow's C++ log level is read once, when it loads.
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = hardware.tensorflow_log_level()
     if argv is None:  # a command line: set the allocator up before TensorFlow loads
-        hardware.reexec_with_malloc_env()
+        hardware.reexec_with_allocator_env()
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

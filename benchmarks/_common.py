@@ -31,8 +31,8 @@ CANDIDATES = ("keras_transformer", "keras_hub", "keras_mha")
 # --------------------------------------------------------------------------- processes
 
 
-def malloc_env():
-    """`keras_transformer.hardware.MALLOC_ENV`, the allocator settings train.py re-runs
+def allocator_env():
+    """`keras_transformer.hardware.ALLOCATOR_ENV`, the allocator settings train.py re-runs
     itself with, so that benchmark processes run as users' training does. The module
     is loaded alone: the package's `__init__` would import a backend in the parent."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,7 +40,7 @@ def malloc_env():
     spec = importlib.util.spec_from_file_location("keras_transformer_hardware", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return dict(module.MALLOC_ENV)
+    return dict(module.ALLOCATOR_ENV)
 
 
 def thread_env(threads):
@@ -54,7 +54,7 @@ def thread_env(threads):
     numbers; the matmul peak is measured with the same setting.
     """
     if not threads:
-        return malloc_env()  # train.py's settings: the allocator's included
+        return allocator_env()  # train.py's settings: the allocator's included
     n = str(threads)
     return {
         "OMP_NUM_THREADS": n,

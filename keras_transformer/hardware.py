@@ -109,32 +109,40 @@ def tensorflow_log_level():
     return "2" if os.path.exists("/proc/driver/nvidia") else "3"
 
 
-# glibc's malloc returns every freed block above its (adaptive) mmap threshold
-# to the kernel and faults fresh zeroed pages in for the next one: TensorFlow
-# allocates and frees its large activation and gradient buffers at every
-# training step, so a third of the CPU time went to the kernel (about 250
-# mmap/munmap pairs per step of the `cpu` preset). Keeping freed memory in the
-# process measured 1.15x more training steps per second on the 2-core EPYC
-# (README, "Where the time goes"). glibc reads these only at process start.
-MALLOC_ENV = {
+# Where a training step's memory comes from. TensorFlow allocates and frees
+# its activation and gradient buffers at every step. Left to glibc's malloc,
+# every freed block above its (adaptive) mmap threshold went back to the
+# kernel and the next step faulted fresh zeroed pages in: 21 million minor
+# page faults and 22% of the process's CPU time in the kernel in a 2-minute
+# run of the `cpu` preset on the 2-core EPYC. Two settings keep the memory in
+# the process (benchmarks/README.md, "End to end"):
+# - TensorFlow's BFC allocator for CPU tensors (the pool its GPU allocator
+#   uses): 0.65 million faults, 5% in the kernel, 1.38x-1.40x steps per second
+#   (`benchmarks/process_env.py`);
+# - glibc's thresholds for what does not go through it (Eigen's packing
+#   buffers, tf.data, Python): measured 1.15x before the BFC allocator.
+# Both are read at process start (the BFC switch when TensorFlow creates its
+# CPU allocator), hence the re-run below.
+ALLOCATOR_ENV = {
+    "TF_CPU_ALLOCATOR_USE_BFC": "true",
     "MALLOC_MMAP_THRESHOLD_": str(32 << 20),  # glibc's maximum: blocks below it come from the heap
     "MALLOC_TRIM_THRESHOLD_": str(1 << 30),  # never shrink the heap between steps
     "MALLOC_TOP_PAD_": str(64 << 20),  # grow it in large steps
 }
 
 
-def reexec_with_malloc_env():
-    """Re-runs this command (`sys.orig_argv`) with `MALLOC_ENV` set, once; returns if set.
+def reexec_with_allocator_env():
+    """Re-runs this command (`sys.orig_argv`) with `ALLOCATOR_ENV` set, once; returns if set.
 
     Call it first thing in a command-line entry point (`train.py` does). A
-    variable the user set is kept; `KERAS_TRANSFORMER_MALLOC=0` turns it off.
+    variable the user set is kept; `KERAS_TRANSFORMER_ALLOCATOR=0` turns it off.
     This module imports only the standard library at its top, so an entry
     point can load it alone, before anything imports TensorFlow.
     """
     import sys
 
-    if os.environ.get("KERAS_TRANSFORMER_MALLOC") == "0" or not sys.platform.startswith("linux"):
+    if os.environ.get("KERAS_TRANSFORMER_ALLOCATOR") == "0" or not sys.platform.startswith("linux"):
         return
-    if all(name in os.environ for name in MALLOC_ENV):
+    if all(name in os.environ for name in ALLOCATOR_ENV):
         return
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**MALLOC_ENV, **os.environ})
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**ALLOCATOR_ENV, **os.environ})

@@ -67,6 +67,11 @@ def build(config, machine, data, model_config, inputs, fitted, averaging, test, 
             "validation_bleu_seconds": fitted.validation_bleu.seconds,
             "epoch_end_seconds": phases.epoch_end_seconds,
             "checkpoint_seconds": phases.epoch_end_seconds - fitted.validation_bleu.seconds,
+            # The rest of fit: between steps (Keras's bookkeeping, iterator resets).
+            "other_fit_seconds": phases.fit_seconds
+            - fitted.train_seconds
+            - phases.validation_seconds
+            - phases.epoch_end_seconds,
             "test_decode_seconds": test.seconds,
         },
         "curve": phases.curve,
@@ -130,7 +135,8 @@ def report(run_info):
     lines.append(
         f"Of fit's {fit:.0f}s: steps {100 * timing['train_steps_seconds'] / fit:.0f}%, "
         f"validation {100 * timing['validation_seconds'] / fit:.0f}%, "
-        f"epoch-end callbacks {100 * timing['epoch_end_seconds'] / fit:.0f}%; "
+        f"epoch-end callbacks {100 * timing['epoch_end_seconds'] / fit:.0f}%, "
+        f"other {100 * timing.get('other_fit_seconds', 0.0) / fit:.0f}%; "
         f"start-up {timing['startup_seconds']:.0f}s, test decoding "
         f"{timing['test_decode_seconds']:.0f}s ({run_info['cpu']['summary']})"
     )

@@ -28,7 +28,7 @@ def test_quality_benchmark_trains_validates_and_decodes_both_builds(tmp_path):
         command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=1200
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "| real target tokens/s |" in result.stdout
+    assert "| real target tokens per second of the budget (end to end) |" in result.stdout
 
     with open(out_dir / "quality.json", encoding="utf-8") as f:
         report = json.load(f)
@@ -36,6 +36,14 @@ def test_quality_benchmark_trains_validates_and_decodes_both_builds(tmp_path):
     assert report["heldout"]["count"] == 5
     for name, build in report["builds"].items():
         assert build["steps"] > 0, name
+        # End to end: the tokens each moved over the same budget, and no more than
+        # its steps moved while they ran.
+        assert build["budget_target_tokens_per_second"] * 0.2 * 60 == pytest.approx(
+            build["target_tokens"]
+        ), name
+        assert build["target_tokens"] == pytest.approx(
+            build["target_tokens_per_second"] * build["train_seconds"]
+        ), name
         assert math.isfinite(build["final_val_loss"]), name
         assert all(math.isfinite(p["val_loss"]) for p in build["curve"]), name
         assert len(build["hypotheses"]) == 5, name

@@ -293,6 +293,14 @@ def make_dataset(
         batches = [assemble(split, indices, bos_id, eos_id) for indices in evaluation_plan]
         ds = _from_batches(batches).repeat()
     options = tf.data.Options()
+    if not training:
+        # No autotuning thread: destroying an iterator joins it, and Keras drops
+        # the validation iterator before every evaluation. py-spy found `fit`
+        # waiting there (`EpochIterator.reset` -> `~IteratorResource` -> the
+        # thread pool's join) about 13 s per epoch, a sixth of a 5-minute run
+        # (benchmarks/README.md, "The stall between epochs"). Batches held in
+        # memory have nothing to tune.
+        options.autotune.enabled = False
     # Multi-worker: training batches are dealt out to the workers; every worker
     # evaluates the whole validation split, so all run the same number of steps.
     policy = tf.data.experimental.AutoShardPolicy
