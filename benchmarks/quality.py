@@ -131,7 +131,9 @@ def _run(command, log_path, timeout, process_settings=True):
             command,
             cwd=ROOT,
             env=_env(process_settings),
-            stdout=log, stderr=subprocess.STDOUT, timeout=timeout
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
         )
     if result.returncode != 0:
         with open(log_path, encoding="utf-8", errors="replace") as f:
@@ -404,12 +406,24 @@ def tables(report):
     rows = [
         ("steps", "steps", ",.0f", True),
         ("training seconds", "train_seconds", ",.1f", False),
-        ("real target tokens per second of the budget (end to end)",
-         "budget_target_tokens_per_second", ",.0f", True),
-        ("real target tokens per second of training steps", "target_tokens_per_second", ",.0f",
-         True),
-        ("real source+target tokens per second of training steps", "tokens_per_second", ",.0f",
-         True),
+        (
+            "real target tokens per second of the budget (end to end)",
+            "budget_target_tokens_per_second",
+            ",.0f",
+            True,
+        ),
+        (
+            "real target tokens per second of training steps",
+            "target_tokens_per_second",
+            ",.0f",
+            True,
+        ),
+        (
+            "real source+target tokens per second of training steps",
+            "tokens_per_second",
+            ",.0f",
+            True,
+        ),
         ("sentences/s", "sentences_per_second", ",.1f", True),
         ("final validation loss", "final_val_loss", ".3f", False),
         ("validation loss after checkpoint averaging", "averaged_val_loss", ".3f", False),
