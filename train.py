@@ -7,6 +7,7 @@ import argparse
 import importlib.util
 import logging
 import os
+import sys
 
 
 def parse_args(argv=None):
@@ -109,6 +110,13 @@ def main(argv=None):
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # TFDS's own INFO lines (six per run) and, in a log file, the frames of its
+    # progress bars (about 30) say nothing the run's own lines do not.
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    if not sys.stderr.isatty():
+        import tensorflow_datasets as tfds
+
+        tfds.disable_progress_bar()
     from keras_transformer.training import run
 
     run(**vars(args))
