@@ -136,7 +136,7 @@ def report(run_info):
         f"Of fit's {fit:.0f}s: steps {100 * timing['train_steps_seconds'] / fit:.0f}%, "
         f"validation {100 * timing['validation_seconds'] / fit:.0f}%, "
         f"epoch-end callbacks {100 * timing['epoch_end_seconds'] / fit:.0f}%, "
-        f"other {100 * timing.get('other_fit_seconds', 0.0) / fit:.0f}%; "
+        f"other {100 * timing['other_fit_seconds'] / fit:.0f}%; "
         f"start-up {timing['startup_seconds']:.0f}s, test decoding "
         f"{timing['test_decode_seconds']:.0f}s ({run_info['cpu']['summary']})"
     )

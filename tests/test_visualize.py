@@ -108,11 +108,17 @@ def test_plot_translation_attention_writes_one_png_per_sentence(tmp_path, model,
         assert matplotlib_image.imread(path).shape[:2] == (round(height), round(width))
 
 
-def test_command_writes_pngs_from_a_work_directory(tmp_path, model, vocabulary, capsys):
-    work_dir = tmp_path / "work"
-    work_dir.mkdir()
-    model.save(str(work_dir / "model.keras"))
-    shutil.copy(vocabulary, work_dir / "vocab.model")
+@pytest.fixture
+def work_dir(tmp_path, model, vocabulary):
+    """A work directory holding the tiny model and its vocabulary."""
+    path = tmp_path / "work"
+    path.mkdir()
+    model.save(str(path / "model.keras"))
+    shutil.copy(vocabulary, path / "vocab.model")
+    return path
+
+
+def test_command_writes_pngs_from_a_work_directory(tmp_path, work_dir, capsys):
     (work_dir / "run.json").write_text("{}")
     output_dir = tmp_path / "plots"
     argv = ["--work-dir", str(work_dir), "--output-dir", str(output_dir), "--beam-size", "1"]
@@ -134,13 +140,9 @@ def test_missing_matplotlib_is_named(monkeypatch):
         plot_attention(np.ones((1, 1)), ["a"], ["b"])
 
 
-def test_translate_command_plots_attention(tmp_path, model, vocabulary, capsys):
+def test_translate_command_plots_attention(tmp_path, work_dir, model, capsys):
     from keras_transformer import translate
 
-    work_dir = tmp_path / "work"
-    work_dir.mkdir()
-    model.save(str(work_dir / "model.keras"))
-    shutil.copy(vocabulary, work_dir / "vocab.model")
     (tmp_path / "input.txt").write_text("guten morgen\n\ndanke\n")
     output_dir = tmp_path / "plots"
     argv = ["--work-dir", str(work_dir), "--input", str(tmp_path / "input.txt"),
