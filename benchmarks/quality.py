@@ -315,6 +315,10 @@ def ours_summary(run_info, decoded):
         "tokens_per_second": metrics.get("tokens_per_second"),
         "sentences_per_second": metrics.get("sentences_per_second"),
         "final_val_loss": metrics.get("val_loss"),
+        # Keras's val_loss weights each batch's per-token mean by its sentences;
+        # train.py's averaging step measures the final weights per real token
+        # (k = 1), the loop's definition.
+        "token_val_loss": (averaging.get("val_loss") or {}).get("1"),
         # train.py then averages the last k checkpoints (k chosen by validation loss):
         # the model it saves, and that translates here, is the average.
         "averaged_checkpoints": averaging.get("chosen"),
@@ -351,6 +355,7 @@ def hub_summary(result):
                 "tokens_per_second",
                 "sentences_per_second",
                 "final_val_loss",
+                "token_val_loss",
                 "passes_over_data",
                 "padding_share",
                 "params",
@@ -425,7 +430,13 @@ def tables(report):
             True,
         ),
         ("sentences/s", "sentences_per_second", ",.1f", True),
-        ("final validation loss", "final_val_loss", ".3f", False),
+        (
+            "final validation loss per real token (one definition for both)",
+            "token_val_loss",
+            ".3f",
+            False,
+        ),
+        ("final validation loss as logged (see below)", "final_val_loss", ".3f", False),
         ("validation loss after checkpoint averaging", "averaged_val_loss", ".3f", False),
         ("checkpoints averaged", "averaged_checkpoints", ",.0f", False),
         ("passes over the training data", "passes_over_data", ".2f", False),
@@ -444,7 +455,10 @@ def tables(report):
     lines += [
         "",
         "Validation loss (label-smoothed, whole validation split) at matching minutes "
-        "(interpolated; step in parentheses):",
+        "(interpolated; step in parentheses). As each build logs it: train.py's is "
+        "Keras's `val_loss`, the mean of each batch's per-token loss weighted by the "
+        "batch's sentences; the loop's is per real token. Compare curves within a build; "
+        "across builds, the per-token row above:",
         "",
         "| minutes | keras_transformer | keras-hub loop |",
         "|---:|---:|---:|",

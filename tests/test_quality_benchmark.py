@@ -45,6 +45,7 @@ def test_quality_benchmark_trains_validates_and_decodes_both_builds(tmp_path):
             build["target_tokens_per_second"] * build["train_seconds"]
         ), name
         assert math.isfinite(build["final_val_loss"]), name
+        assert math.isfinite(build["token_val_loss"]), name  # per real token, both builds
         assert all(math.isfinite(p["val_loss"]) for p in build["curve"]), name
         assert len(build["hypotheses"]) == 5, name
         assert all(isinstance(h, str) for h in build["hypotheses"]), name
