@@ -112,7 +112,10 @@ def main(argv=None):
     )
     # TFDS's own INFO lines (six per run) and, in a log file, the frames of its
     # progress bars (about 30) say nothing the run's own lines do not.
-    logging.getLogger("absl").setLevel(logging.WARNING)
+    # tf2onnx's conversion (about 20 INFO lines per export: opsets, constant
+    # folding, optimizer counts) and TensorFlow's "Assets written" likewise.
+    for name in ("absl", "tf2onnx", "tensorflow"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     if not sys.stderr.isatty():
         import tensorflow_datasets as tfds
 
