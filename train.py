@@ -110,12 +110,9 @@ def main(argv=None):
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    # TFDS's own INFO lines (six per run) and, in a log file, the frames of its
-    # progress bars (about 30) say nothing the run's own lines do not.
-    # tf2onnx's conversion (about 20 INFO lines per export: opsets, constant
-    # folding, optimizer counts) and TensorFlow's "Assets written" likewise.
-    for name in ("absl", "tf2onnx", "tensorflow"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    # Third-party INFO lines and, in a log file, the frames of TFDS's progress
+    # bars (about 30) say nothing the run's own lines do not.
+    hardware.quiet_third_party_loggers()
     if not sys.stderr.isatty():
         import tensorflow_datasets as tfds
 

@@ -31,16 +31,21 @@ CANDIDATES = ("keras_transformer", "keras_hub", "keras_mha")
 # --------------------------------------------------------------------------- processes
 
 
-def allocator_env():
-    """`keras_transformer.hardware.ALLOCATOR_ENV`, the allocator settings train.py re-runs
-    itself with, so that benchmark processes run as users' training does. The module
-    is loaded alone: the package's `__init__` would import a backend in the parent."""
+def hardware():
+    """`keras_transformer.hardware`, loaded alone: the package's `__init__` would import
+    a backend (and TensorFlow) before a benchmark process could set its environment."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     path = os.path.join(root, "keras_transformer", "hardware.py")
     spec = importlib.util.spec_from_file_location("keras_transformer_hardware", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return dict(module.ALLOCATOR_ENV)
+    return module
+
+
+def allocator_env():
+    """`keras_transformer.hardware.ALLOCATOR_ENV`, the allocator settings train.py re-runs
+    itself with, so that benchmark processes run as users' training does."""
+    return dict(hardware().ALLOCATOR_ENV)
 
 
 def thread_env(threads):

@@ -302,7 +302,6 @@ def train(args, config, model, train_pairs, val_batches):
         "steps_per_second": counts["steps"] / seconds,
         "train_loss": float(np.mean(losses[-50:])) if losses else None,
         "final_val_loss": curve[-1]["val_loss"],
-        "token_val_loss": curve[-1]["val_loss"],  # per real token, as train.py's averaging step
         "diverged": diverged,
         "curve": curve,
     }

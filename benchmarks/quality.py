@@ -355,7 +355,6 @@ def hub_summary(result):
                 "tokens_per_second",
                 "sentences_per_second",
                 "final_val_loss",
-                "token_val_loss",
                 "passes_over_data",
                 "padding_share",
                 "params",
@@ -365,6 +364,7 @@ def hub_summary(result):
                 "hypotheses",
             )
         },  # fmt: skip
+        "token_val_loss": result.get("final_val_loss"),  # the loop's is per real token
         "learning_rate_scale": settings["learning_rate_scale"],
         "warmup_steps": settings["warmup_steps"],
         "batch_tokens": settings["batch_tokens"],

@@ -51,35 +51,28 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def _reexec_with_allocator_env():
-    env = _common.allocator_env()
-    if all(os.environ.get(key) == value for key, value in env.items()):
-        return
-    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **env})
-
-
 def load_batches(args, config):
-    """(ours, loop): lists of `(source, target_ids, labels)` int32 tensors."""
+    """(ours, loop): lists of `(source, target_ids, labels)` int32 tensors.
+
+    The pairs are tokenized once, as train.py does (`pipeline.tokenize_split`);
+    the loop's batching gets the same ids.
+    """
     import numpy as np
-    import sentencepiece
     import tensorflow as tf
 
     from benchmarks import keras_hub_loop
     from keras_transformer.data import load_translation_data, pipeline
+    from keras_transformer.data.vocabulary import load_tokenizer
 
-    processor = sentencepiece.SentencePieceProcessor(model_file=args.vocab)
     data = load_translation_data(args.dataset, data_dir=args.data_dir)
-    pairs = keras_hub_loop.tokenize(data.splits["train"], processor, config.max_length, 3)
-
-    def flat(rows):
-        offsets = np.zeros(len(rows) + 1, np.int64)
-        np.cumsum([len(row) for row in rows], out=offsets[1:])
-        return np.concatenate(rows).astype(np.int32), offsets
-
-    source, source_offsets = flat(pairs.source)
-    target, target_offsets = flat(pairs.target)
-    split = pipeline.TokenizedSplit(
-        source, source_offsets, target, target_offsets, pairs.lengths, pairs.dropped
+    split = pipeline.tokenize_split(
+        data.splits["train"], load_tokenizer(args.vocab), config.max_length, config.eos_id
+    )
+    pairs = keras_hub_loop.Pairs(
+        np.split(split.source, split.source_offsets[1:-1]),
+        np.split(split.target, split.target_offsets[1:-1]),
+        split.lengths,
+        split.dropped,
     )
     plan = pipeline.plan_batches(
         split, args.batch_tokens, rng=np.random.default_rng(0), drop_remainder=True
@@ -112,7 +105,7 @@ def positions_and_real(batches, pad_id=0):
 
 def main(argv=None):
     args = parse_args(argv)
-    _reexec_with_allocator_env()
+    _common.hardware().reexec_with_allocator_env()  # before TensorFlow loads
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     import keras
     import numpy as np

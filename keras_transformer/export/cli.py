@@ -36,6 +36,9 @@ def main(formats, description, argv=None):
     args = parse_args(description, argv)
     formats = args.formats or formats
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from keras_transformer.hardware import quiet_third_party_loggers
+
+    quiet_third_party_loggers()
     from keras_transformer.export import default_name, export_all
     from keras_transformer.export.artifacts import check_work_dir
 
