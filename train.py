@@ -84,6 +84,18 @@ def parse_args(argv=None):
         help="average the last k epoch checkpoints, k <= N chosen by validation loss "
         "(1: no averaging; default: 3 for cpu, 8 for the others)",
     )
+    parser.add_argument(
+        "--no-pack",
+        dest="pack",
+        action="store_false",
+        help="one pair per row in length buckets, instead of several pairs packed per row",
+    )
+    parser.add_argument(
+        "--jit-compile",
+        action=argparse.BooleanOptionalAction,
+        help="compile the training step with XLA (default: on one CPU device in float32 "
+        "with packed rows, where it was measured faster)",
+    )
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--no-export", dest="export", action="store_false")
     return parser.parse_args(argv)

@@ -10,17 +10,22 @@ real tokens. One process (TensorFlow, train.py's allocator settings,
 TensorFlow's default thread pools), one corpus, one vocabulary; the first
 `--batches` batches of one epoch of each batching:
 
-    ours  `pipeline.plan_batches` (length ranges, `pipeline.BUCKET_BOUNDARIES`)
-    loop  `keras_hub_loop.make_batches` (sorted by length, filled greedily)
+    packed   `pipeline.plan_packed_batches` (several pairs per row), train.py's default
+    buckets  `pipeline.plan_batches` (length ranges, `pipeline.BUCKET_BOUNDARIES`),
+             train.py's `--no-pack`
+    loop     `keras_hub_loop.make_batches` (sorted by length, filled greedily)
 
 go through each step:
 
-    keras_transformer  this package's `Transformer`, compiled with the paper's
-                       recipe as train.py does, `train_on_batch` (`fit`'s step)
-    keras_hub          `_common._keras_hub_model` in `keras_hub_loop`'s own
-                       `tf.function` step (Adam, label-smoothed cross-entropy)
+    keras_transformer      this package's `Transformer`, compiled with the paper's
+                           recipe as train.py does, `train_on_batch` (`fit`'s step);
+                           on packed rows with XLA where train.py uses it
+                           (`training.use_xla`), on buckets without (as `--no-pack`)
+    keras_hub              `_common._keras_hub_model` in `keras_hub_loop`'s own
+                           `tf.function` step (Adam, label-smoothed cross-entropy);
+                           it has no segment masks, so no packed rows
 
-Rounds alternate between the four (step, batching) pairs; the table has
+Rounds alternate between the (step, batching) pairs; the table has
 medians. Positions count padding (B x (S + T)); real tokens do not. Timings
 must run alone on the machine.
 """
@@ -52,13 +57,12 @@ def parse_args(argv=None):
 
 
 def load_batches(args, config):
-    """(ours, loop): lists of `(source, target_ids, labels)` int32 tensors.
+    """`{batching: [(features, labels)]}`, numpy int32.
 
     The pairs are tokenized once, as train.py does (`pipeline.tokenize_split`);
     the loop's batching gets the same ids.
     """
     import numpy as np
-    import tensorflow as tf
 
     from benchmarks import keras_hub_loop
     from keras_transformer.data import load_translation_data, pipeline
@@ -68,38 +72,41 @@ def load_batches(args, config):
     split = pipeline.tokenize_split(
         data.splits["train"], load_tokenizer(args.vocab), config.max_length, config.eos_id
     )
+    special = dict(bos_id=config.bos_id, eos_id=config.eos_id)
+    plan_args = (split, args.batch_tokens, 1, np.random.default_rng(0), True)
+    packed = [
+        pipeline.assemble_packed(split, width, rows, **special)
+        for width, rows in pipeline.plan_packed_batches(*plan_args)[: args.batches]
+    ]
+    buckets = [
+        pipeline.assemble(split, indices, **special)
+        for indices in pipeline.plan_batches(*plan_args)[: args.batches]
+    ]
     pairs = keras_hub_loop.Pairs(
         np.split(split.source, split.source_offsets[1:-1]),
         np.split(split.target, split.target_offsets[1:-1]),
         split.lengths,
         split.dropped,
     )
-    plan = pipeline.plan_batches(
-        split, args.batch_tokens, rng=np.random.default_rng(0), drop_remainder=True
-    )[: args.batches]
-    ours = []
-    for indices in plan:
-        features, labels = pipeline.assemble(split, indices, config.bos_id, config.eos_id)
-        ours.append((features["source_ids"], features["target_ids"], labels))
-    loop_plan = keras_hub_loop.make_batches(
+    loop = []
+    for indices in keras_hub_loop.make_batches(
         pairs.lengths, args.batch_tokens, np.random.default_rng(0)
-    )[: args.batches]
-    loop = [
-        keras_hub_loop.pad_batch(pairs, indices, config.bos_id, config.eos_id, config.pad_id)
-        for indices in loop_plan
-    ]
-    as_tensors = lambda batches: [tuple(tf.constant(a) for a in batch) for batch in batches]  # noqa: E731
-    return as_tensors(ours), as_tensors(loop)
+    )[: args.batches]:
+        source, target_ids, labels = keras_hub_loop.pad_batch(
+            pairs, indices, config.bos_id, config.eos_id, config.pad_id
+        )
+        loop.append(({"source_ids": source, "target_ids": target_ids}, labels))
+    return {"packed": packed, "buckets": buckets, "loop": loop}
 
 
 def positions_and_real(batches, pad_id=0):
     import numpy as np
 
-    positions = sum(int(np.prod(s.shape)) + int(np.prod(labels.shape)) for s, _, labels in batches)
-    real = sum(
-        int(np.count_nonzero(s.numpy() != pad_id)) + int(np.count_nonzero(labels.numpy() != pad_id))
-        for s, _, labels in batches
-    )
+    positions = real = 0
+    for features, labels in batches:
+        for ids in (features["source_ids"], labels):
+            positions += ids.size
+            real += int(np.count_nonzero(ids != pad_id))
     return positions, real
 
 
@@ -109,43 +116,57 @@ def main(argv=None):
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     import keras
     import numpy as np
+    import tensorflow as tf
 
     from benchmarks import keras_hub_loop
     from keras_transformer.config import get_preset
     from keras_transformer.hardware import describe_cpu
     from keras_transformer.recipe import compile_with_paper_recipe
+    from keras_transformer.training import use_xla
 
     overrides = {} if args.dropout is None else {"dropout": args.dropout}
     config = get_preset(args.preset, **overrides)
-    batchings = dict(zip(("ours", "loop"), load_batches(args, config), strict=True))
+    batchings = load_batches(args, config)
+    as_tensors = lambda batch: tf.nest.map_structure(tf.constant, batch)  # noqa: E731
+    tensors = {name: [as_tensors(b) for b in batches] for name, batches in batchings.items()}
 
     keras.utils.set_random_seed(0)
-    first = {"source_ids": batchings["ours"][0][0], "target_ids": batchings["ours"][0][1]}
-    ours = _common.build_model("keras_transformer", config)
-    ours(first)
-    compile_with_paper_recipe(ours)
+    first = {key: tensors["loop"][0][0][key] for key in ("source_ids", "target_ids")}
+    models = {}
+    jit = use_xla(None, "float32", bool(tf.config.list_physical_devices("GPU")), pack=True)
+    for name, jit_compile in (("packed", jit), ("buckets", False)):
+        models[name] = _common.build_model("keras_transformer", config)
+        models[name](first)
+        compile_with_paper_recipe(models[name], jit_compile=jit_compile)
+    models["buckets"].set_weights(models["packed"].get_weights())
     hub = _common._keras_hub_model(config)
     hub(first)
     optimizer = keras.optimizers.Adam(1e-4, beta_1=0.9, beta_2=0.98, epsilon=1e-9)
     hub_step, _ = keras_hub_loop.make_steps(hub, optimizer, config, label_smoothing=0.1)
 
-    def ours_step(source, target_ids, labels):
-        features = {"source_ids": source, "target_ids": target_ids}
-        return ours.train_on_batch(features, labels)
+    def ours(model):
+        return lambda features, labels: model.train_on_batch(features, labels)
 
-    steps = {"keras_transformer": ours_step, "keras_hub": hub_step}
-    pairs = [(step, batching) for step in steps for batching in batchings]
-    for step, batching in pairs:  # traces every shape once, untimed
-        for batch in batchings[batching]:
-            steps[step](*batch)
-    seconds = {pair: [] for pair in pairs}
+    def keras_hub(features, labels):
+        return hub_step(features["source_ids"], features["target_ids"], labels)
+
+    steps = [
+        (f"keras_transformer{' (XLA)' if jit else ''}", "packed", ours(models["packed"])),
+        ("keras_transformer", "buckets", ours(models["buckets"])),
+        ("keras_hub", "buckets", keras_hub),
+        ("keras_hub", "loop", keras_hub),
+    ]
+    for _, batching, step in steps:  # traces (compiles) every shape once, untimed
+        for batch in tensors[batching]:
+            step(*batch)
+    seconds = {(name, batching): [] for name, batching, _ in steps}
     for _ in range(args.rounds):
-        for step, batching in pairs:
+        for name, batching, step in steps:
             start = time.perf_counter()
-            for batch in batchings[batching]:
-                out = steps[step](*batch)
+            for batch in tensors[batching]:
+                out = step(*batch)
             np.asarray(out)  # synchronizes
-            seconds[(step, batching)].append(time.perf_counter() - start)
+            seconds[(name, batching)].append(time.perf_counter() - start)
 
     counts = {name: positions_and_real(batches) for name, batches in batchings.items()}
     cpu = describe_cpu()["summary"]
@@ -155,7 +176,7 @@ def main(argv=None):
     )
     print("| step | batches | padding | ms/step | positions/s | real tokens/s |")
     print("|---|---|---:|---:|---:|---:|")
-    for step, batching in pairs:
+    for step, batching in seconds:
         positions, real = counts[batching]
         median = _common.median(seconds[(step, batching)])
         print(

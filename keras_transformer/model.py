@@ -16,6 +16,8 @@ from keras_transformer.layers import (
     padding_mask_from_ids,
 )
 from keras_transformer.layers.block import layer_norm
+from keras_transformer.layers.dropout import Dropout
+from keras_transformer.layers.masks import PACKING_KEYS, same_segment_mask
 
 _CONFIG_FIELDS = tuple(field.name for field in dataclasses.fields(TransformerConfig))
 
@@ -38,7 +40,13 @@ class Transformer(keras.Model):
     Call arguments:
         inputs: dict with `"source_ids"` `(B, S)` and `"target_ids"` `(B, T)`
             integer ids, `pad_id` for padding; `target_ids` starts with
-            `bos_id` (teacher forcing).
+            `bos_id` (teacher forcing). Rows that pack several pairs (as
+            `data.pipeline` builds for training) also carry the four
+            `PACKING_KEYS`: `"source_segment_ids"` `(B, S)` and
+            `"target_segment_ids"` `(B, T)` (1, 2, ... for the pairs of a row,
+            0 on padding) and `"source_positions"` / `"target_positions"`, each
+            token's position within its pair. A position attends only to its
+            own pair, so every pair's logits are those it gets alone.
         training: bool.
 
     Returns:
@@ -110,9 +118,7 @@ class Transformer(keras.Model):
             vocab_size, d_model, pad_id=pad_id, dtype=dtype, name="embedding"
         )
         self.positional_encoding = PositionalEncoding(dtype=dtype, name="positional_encoding")
-        self.embedding_dropout = keras.layers.Dropout(
-            dropout, dtype=dtype, name="embedding_dropout"
-        )
+        self.embedding_dropout = Dropout(dropout, dtype=dtype, name="embedding_dropout")
         self.encoder_layers = [
             EncoderLayer(**block, name=f"encoder_layer_{i}") for i in range(num_layers)
         ]
@@ -153,6 +159,16 @@ class Transformer(keras.Model):
         model_kwargs = {key: value for key, value in kwargs.items() if key not in _CONFIG_FIELDS}
         return cls(**dataclasses.asdict(get_preset(preset, **overrides)), **model_kwargs)
 
+    def compile(self, *args, **kwargs):
+        """`keras.Model.compile`; with `jit_compile=True` under TensorFlow, the
+        dropout layers draw their masks with ThreeFry, which XLA runs fast on CPU
+        (`layers.dropout.Dropout`)."""
+        super().compile(*args, **kwargs)
+        threefry = keras.backend.backend() == "tensorflow" and self.jit_compile is True
+        for layer in self._flatten_layers():
+            if isinstance(layer, Dropout):
+                layer.use_threefry = threefry
+
     def build(self, inputs_shape=None):
         hidden = (None, None, self.config.d_model)
         self.embedding.build()
@@ -165,25 +181,39 @@ class Transformer(keras.Model):
                 norm.build(hidden)
         self.built = True
 
-    def _embed(self, token_ids, start_index=0, training=None):
+    def _embed(self, token_ids, start_index=0, training=None, positions=None):
         x = self.embedding(token_ids)  # (B, L, D), scaled by sqrt(D)
-        x = self.positional_encoding(x, start_index=start_index)
+        x = self.positional_encoding(x, start_index=start_index, positions=positions)
         return self.embedding_dropout(x, training=training)
 
-    def encode(self, source_ids, training=None):
-        """`(B, S)` ids -> `(B, S, D)` encoder output."""
+    def encode(self, source_ids, training=None, segment_ids=None, positions=None):
+        """`(B, S)` ids -> `(B, S, D)` encoder output; packed rows also pass
+        `segment_ids` and `positions` (see `PACKING_KEYS`)."""
         padding_mask = padding_mask_from_ids(ops.cast(source_ids, "int32"), self.config.pad_id)
-        x = self._embed(source_ids, training=training)
+        attention_mask = (
+            None if segment_ids is None else same_segment_mask(segment_ids, segment_ids)
+        )
+        x = self._embed(source_ids, training=training, positions=positions)
         for layer in self.encoder_layers:
-            x = layer(x, padding_mask=padding_mask, training=training)
+            x = layer(
+                x, padding_mask=padding_mask, attention_mask=attention_mask, training=training
+            )
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
         return x
 
     def decode(
-        self, target_ids, encoder_outputs, source_ids, training=None, return_attention_scores=False
+        self,
+        target_ids,
+        encoder_outputs,
+        source_ids,
+        training=None,
+        return_attention_scores=False,
+        packing=None,
     ):
         """`(B, T)` target ids and the encoder output -> `(B, T, V)` float32 logits.
+
+        Packed rows pass `packing`, the dict of the four `PACKING_KEYS`.
 
         With `return_attention_scores=True`, returns `(logits, scores)`:
         `scores["self_attention"]` `(B, L, N, T, T)` and
@@ -193,7 +223,18 @@ class Transformer(keras.Model):
         """
         source_mask = padding_mask_from_ids(ops.cast(source_ids, "int32"), self.config.pad_id)
         target_mask = padding_mask_from_ids(ops.cast(target_ids, "int32"), self.config.pad_id)
-        x = self._embed(target_ids, training=training)
+        masks = {}
+        positions = None
+        if packing:
+            target_segments = packing["target_segment_ids"]
+            masks = {
+                "attention_mask": same_segment_mask(target_segments, target_segments),
+                "encoder_attention_mask": same_segment_mask(
+                    target_segments, packing["source_segment_ids"]
+                ),
+            }
+            positions = packing["target_positions"]
+        x = self._embed(target_ids, training=training, positions=positions)
         layer_scores = []
         for layer in self.decoder_layers:
             x = layer(
@@ -203,6 +244,7 @@ class Transformer(keras.Model):
                 encoder_padding_mask=source_mask,
                 training=training,
                 return_attention_scores=return_attention_scores,
+                **masks,
             )
             if return_attention_scores:
                 x, scores = x
@@ -222,12 +264,27 @@ class Transformer(keras.Model):
         return ops.cast(self.embedding.logits(x), "float32")
 
     def call(self, inputs, training=None):
+        packing = None
         if isinstance(inputs, dict):
             source_ids, target_ids = inputs["source_ids"], inputs["target_ids"]
+            packing = {key: inputs[key] for key in PACKING_KEYS if key in inputs}
+            if packing and len(packing) != len(PACKING_KEYS):
+                missing = sorted(set(PACKING_KEYS) - set(packing))
+                raise ValueError(
+                    f"Packed inputs need all of {PACKING_KEYS}; missing {missing}. "
+                    f"Received keys: {sorted(inputs)}"
+                )
         else:
             source_ids, target_ids = inputs
-        encoder_outputs = self.encode(source_ids, training=training)
-        return self.decode(target_ids, encoder_outputs, source_ids, training=training)
+        encoder_outputs = self.encode(
+            source_ids,
+            training=training,
+            segment_ids=packing["source_segment_ids"] if packing else None,
+            positions=packing["source_positions"] if packing else None,
+        )
+        return self.decode(
+            target_ids, encoder_outputs, source_ids, training=training, packing=packing or None
+        )
 
     def init_cache(self, source_ids, max_length):
         """Encodes the source and allocates the decoding cache.

@@ -101,6 +101,8 @@ class TrainingConfig:
     dtype_policy: str | None = None  # None: mixed_bfloat16 on native-bf16 CPUs, else float32
     max_train_minutes: float | None = None  # stop at the first step past it; 0: after one
     logical_devices: int | None = None  # split the CPU into N devices for MirroredStrategy
+    pack: bool = True  # several pairs per row (`pipeline.plan_packed_batches`)
+    jit_compile: bool | None = None  # XLA; None: where measured faster (`training.use_xla`)
     seed: int = 1234
 
     # Evaluation and what is written.

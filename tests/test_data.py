@@ -307,3 +307,62 @@ def test_an_epoch_takes_each_pair_at_most_once_and_evaluation_all_once(
             assert (split.lengths[indices] == split.lengths[indices[0]]).all()
     stats = plan_statistics(split, 96, num_replicas, boundaries=bounds)
     assert stats["batches"] == len(first) and 0.0 <= stats["padding_share"] < 0.5
+
+
+@pytest.mark.parametrize("num_replicas", [1, 2])
+def test_packed_rows_hold_each_pair_once_within_their_width(corpus, num_replicas):
+    from keras_transformer.data.pipeline import assemble, assemble_packed, plan_packed_batches
+
+    data, tokenizer, _ = corpus
+    split = tokenize_split(data.splits["train"], tokenizer, max_length=40)
+    source_lengths = np.diff(split.source_offsets)
+    target_lengths = np.diff(split.target_offsets) + 1
+    evaluation = plan_packed_batches(split, 128, num_replicas)
+    pairs = np.concatenate([np.concatenate(rows) for _, rows in evaluation])
+    np.testing.assert_array_equal(np.sort(pairs), np.arange(len(split)))  # all, once
+    rng = np.random.default_rng(0)
+    first = plan_packed_batches(split, 128, num_replicas, rng, drop_remainder=True)
+    second = plan_packed_batches(split, 128, num_replicas, rng, drop_remainder=True)
+    assert [r for _, r in first] != [r for _, r in second]  # reshuffled
+    for width, rows in first:
+        assert len(rows) == 128 // width // num_replicas * num_replicas
+        for row in rows:
+            assert source_lengths[row].sum() <= width and target_lengths[row].sum() <= width
+        features, labels = assemble_packed(split, width, rows)
+        assert features["source_ids"].shape == features["target_ids"].shape == (len(rows), width)
+        for r, row in enumerate(rows):
+            # Each pair, cut out of the row by its segment id, is what `assemble` pads.
+            for segment, index in enumerate(row, 1):
+                alone, alone_labels = assemble(split, np.array([index]))
+                at_source = features["source_segment_ids"][r] == segment
+                at_target = features["target_segment_ids"][r] == segment
+                np.testing.assert_array_equal(
+                    features["source_ids"][r, at_source], alone["source_ids"][0]
+                )
+                np.testing.assert_array_equal(
+                    features["target_ids"][r, at_target], alone["target_ids"][0]
+                )
+                np.testing.assert_array_equal(labels[r, at_target], alone_labels[0])
+                np.testing.assert_array_equal(
+                    features["target_positions"][r, at_target], np.arange(at_target.sum())
+                )
+            padding = features["source_segment_ids"][r] == 0
+            assert (features["source_ids"][r, padding] == 0).all()
+            assert (labels[r, features["target_segment_ids"][r] == 0] == 0).all()
+    stats = plan_statistics(split, 128, num_replicas, pack=True)
+    bucketed = plan_statistics(split, 128, num_replicas)
+    assert stats["padding_share"] < bucketed["padding_share"]
+
+
+def test_packed_dataset_has_the_packing_features(corpus):
+    from keras_transformer.layers.masks import PACKING_KEYS
+
+    data, tokenizer, _ = corpus
+    for training in (True, False):
+        ds = make_dataset(
+            data.splits["validation"], tokenizer, max_length=12, batch_tokens=96,
+            training=training, pack=True,
+        )  # fmt: skip
+        features, labels = next(ds.as_numpy_iterator())
+        assert set(features) == {"source_ids", "target_ids", *PACKING_KEYS}
+        assert labels.shape == features["target_ids"].shape

@@ -192,3 +192,36 @@ def test_decoder_layer_call_with_cache_equals_call(norm_first):
             source_padding,
         )
         np.testing.assert_allclose(_np(step)[:, 0], expected[:, t], atol=ATOL)
+
+
+def test_threefry_dropout_under_xla_drops_at_the_rate_and_rescales():
+    """`layers.dropout.Dropout` with ThreeFry (what `Transformer.compile(jit_compile=True)`
+    selects under TensorFlow): the rate and scaling of `keras.layers.Dropout`."""
+    import tensorflow as tf
+
+    from keras_transformer.layers.dropout import Dropout
+
+    layer = Dropout(0.3, seed=1)
+    layer.use_threefry = True
+    x = tf.ones((64, 32, 64))
+    step = tf.function(lambda x: layer(x, training=True), jit_compile=True)
+    first, second = step(x).numpy(), step(x).numpy()
+    assert set(np.unique(first)) == {0.0, np.float32(1 / 0.7)}
+    assert abs((first == 0).mean() - 0.3) < 0.01
+    assert (first != second).any()  # a new mask at every call
+    np.testing.assert_array_equal(layer(x, training=False), x)
+
+
+def test_transformer_compiled_with_xla_draws_dropout_with_threefry():
+    from keras_transformer import Transformer
+    from keras_transformer.layers.dropout import Dropout
+
+    model = Transformer.from_preset("tiny")
+    model.build()
+    dropouts = [layer for layer in model._flatten_layers() if isinstance(layer, Dropout)]
+    # Embeddings; residual, self-attention and feed-forward of 2 encoder layers, and
+    # cross-attention besides in 2 decoder layers.
+    assert model.embedding_dropout in dropouts and len(dropouts) == 1 + 2 * 3 + 2 * 4
+    for jit_compile in (True, False):
+        model.compile(optimizer="adam", loss="mse", jit_compile=jit_compile)
+        assert all(layer.use_threefry is jit_compile for layer in dropouts)

@@ -155,3 +155,52 @@ def test_norm_first_adds_final_layer_norms():
     model = Transformer.from_preset("tiny", norm_first=True)
     model.build()
     assert model.count_params() == _expected_parameter_count(config)
+
+
+def _packed_batch(model):
+    """Pairs of `SOURCE`/`TARGET`-like ids, packed two to a row, and each pair alone."""
+    from keras_transformer.data.pipeline import TokenizedSplit, assemble, assemble_packed
+
+    rng = np.random.default_rng(0)
+    vocab = model.config.vocab_size
+    sources = [np.append(rng.integers(4, vocab, n), 3) for n in (3, 5, 2, 6)]
+    targets = [rng.integers(4, vocab, n) for n in (4, 2, 5, 3)]
+
+    def flat(rows):
+        offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])])
+        return np.concatenate(rows).astype("int32"), offsets
+
+    source, source_offsets = flat(sources)
+    target, target_offsets = flat(targets)
+    lengths = np.maximum(np.diff(source_offsets), np.diff(target_offsets) + 1)
+    split = TokenizedSplit(source, source_offsets, target, target_offsets, lengths, 0)
+    packed = assemble_packed(split, 16, [[0, 1], [2, 3]])
+    alone = [assemble(split, np.array([i])) for i in range(4)]
+    return packed, alone
+
+
+@pytest.mark.multibackend
+def test_packed_pairs_get_the_logits_they_get_alone(model):
+    """Segment masks and positions: no attention crosses pairs packed in one row."""
+    (features, _), alone = _packed_batch(model)
+    forward = compiled(model, lambda inputs: model(inputs))
+    packed = _np(forward(features))  # (2, 16, V)
+    for index, (pair, _) in enumerate(alone):
+        row, segment = divmod(index, 2)
+        at = features["target_segment_ids"][row] == segment + 1
+        expected = _np(forward(pair))[0]
+        np.testing.assert_allclose(packed[row, at], expected, atol=ATOL)
+    # Changing one pair's tokens leaves its row-mate's logits unchanged.
+    changed = dict(features)
+    changed["source_ids"] = features["source_ids"].copy()
+    at = features["source_segment_ids"][0] == 1
+    changed["source_ids"][0, at] = (changed["source_ids"][0, at] + 1) % model.config.vocab_size
+    other = features["target_segment_ids"][0] == 2
+    np.testing.assert_allclose(_np(forward(changed))[0, other], packed[0, other], atol=ATOL)
+
+
+def test_packed_inputs_need_every_packing_key(model):
+    (features, _), _ = _packed_batch(model)
+    partial = {k: v for k, v in features.items() if k != "target_positions"}
+    with pytest.raises(ValueError, match="missing \\['target_positions'\\]"):
+        model(partial)

@@ -23,11 +23,14 @@ step than batches of a length range.
 """
 
 import dataclasses
+import functools
 import logging
 import time
 
 import numpy as np
 import tensorflow as tf
+
+from keras_transformer.layers.masks import PACKING_KEYS
 
 logger = logging.getLogger(__name__)
 
@@ -201,13 +204,137 @@ def assemble(split, indices, bos_id=2, eos_id=3):
     return {"source_ids": source, "target_ids": target_ids}, labels
 
 
-_SIGNATURE = (
-    {
-        "source_ids": tf.TensorSpec((None, None), tf.int32),
-        "target_ids": tf.TensorSpec((None, None), tf.int32),
-    },
-    tf.TensorSpec((None, None), tf.int32),
-)
+# Packed rows (`pack=True`): several pairs share a row, each pair attending only
+# to itself (segment ids), positions counting from 0 in every pair, as the flax
+# WMT example and tensor2tensor pack. A row is one of these widths, the
+# narrowest that holds its longest pair; a batch is `batch_tokens // width`
+# rows of one width. Few, fixed shapes let `jit_compile` compile each once.
+PACK_WIDTHS = (64, 128, 256, 512)
+
+
+def pack_widths(max_length, widths=PACK_WIDTHS):
+    """The row widths for pairs of up to `max_length` positions."""
+    return tuple(w for w in widths if w < max_length) + (max_length,)
+
+
+def pack_rows(source_lengths, target_lengths, max_length, rng=None, widths=PACK_WIDTHS, window=64):
+    """Packs pairs into rows: best fit, longest pairs first (pairs of equal
+    length in random order).
+
+    Each pair goes into the open row whose free source and target positions
+    it fills best (the fewest left over, searched among rows with at most
+    `window - 1` more free positions than it needs on either side), or opens
+    a row of the narrowest width that holds it.
+
+    Args:
+        source_lengths, target_lengths: `(N,)` positions each pair takes per side.
+        max_length: the widest row.
+        rng: `np.random.Generator` or None (corpus order).
+
+    Returns:
+        `(rows, row_widths)`: a list of lists of pair indices, and each row's width.
+    """
+    widths = pack_widths(max_length, widths)
+    width_of = np.array([next(w for w in widths if w >= n) for n in range(max_length + 1)])
+    lengths = np.maximum(source_lengths, target_lengths)
+    order = np.arange(len(lengths)) if rng is None else rng.permutation(len(lengths))
+    order = order[np.argsort(-lengths[order], kind="stable")]
+    counts = np.zeros((max_length + 1, max_length + 1), dtype=np.int32)  # open rows by free (s, t)
+    open_rows = {}
+    rows, row_widths = [], []
+    for index, s, t in zip(
+        order.tolist(), source_lengths[order].tolist(), target_lengths[order].tolist(), strict=True
+    ):
+        near = counts[s : s + window, t : t + window]
+        fits = np.nonzero(near)
+        if len(fits[0]):
+            best = int(np.argmin(fits[0] + fits[1]))
+            free = (s + int(fits[0][best]), t + int(fits[1][best]))
+            row = open_rows[free].pop()
+            counts[free] -= 1
+        else:
+            width = int(width_of[max(s, t)])
+            free = (width, width)
+            row = len(rows)
+            rows.append([])
+            row_widths.append(width)
+        rows[row].append(index)
+        free = (free[0] - s, free[1] - t)
+        if min(free) > 0:
+            open_rows.setdefault(free, []).append(row)
+            counts[free] += 1
+    return rows, np.array(row_widths, dtype=np.int64)
+
+
+def plan_packed_batches(split, batch_tokens, num_replicas=1, rng=None, drop_remainder=False):
+    """One epoch of packed batches: `(width, rows)` with `batch_tokens // width` rows
+    (a multiple of `num_replicas`) of one width each.
+
+    Args: as `plan_batches`; `max_length` is the split's longest pair.
+
+    Returns:
+        list of `(width, rows)`, `rows` a list of lists of pair indices.
+    """
+    max_length = int(split.lengths.max()) if len(split) else 1
+    rows, row_widths = pack_rows(
+        np.diff(split.source_offsets), np.diff(split.target_offsets) + 1, max_length, rng
+    )
+    batches = []
+    for width in np.unique(row_widths):
+        members = np.flatnonzero(row_widths == width)
+        if rng is not None:
+            members = rng.permutation(members)
+        size = max(batch_tokens // int(width) // num_replicas, 1) * num_replicas
+        for start in range(0, len(members), size):
+            batch = members[start : start + size]
+            if len(batch) % num_replicas:
+                if drop_remainder:
+                    batch = batch[: len(batch) // num_replicas * num_replicas]
+                if not len(batch):
+                    continue
+            batches.append((int(width), [rows[i] for i in batch]))
+    if rng is not None:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches
+
+
+def assemble_packed(split, width, rows, bos_id=2, eos_id=3):
+    """The `(B, width)` arrays of packed rows: `(features, labels)`, the features
+    with the model's `PACKING_KEYS` besides `source_ids` and `target_ids`."""
+    shape = (len(rows), width)
+    arrays = {
+        name: np.zeros(shape, dtype=np.int32)
+        for name in ("source_ids", "target_ids", "labels", "source_segment_ids",
+                     "target_segment_ids", "source_positions", "target_positions")
+    }  # fmt: skip
+    source, target = split.source, split.target
+    source_offsets, target_offsets = split.source_offsets, split.target_offsets
+    for r, row in enumerate(rows):
+        s_at = t_at = 0
+        for segment, i in enumerate(row, 1):
+            pieces = source[source_offsets[i] : source_offsets[i + 1]]  # with EOS
+            n = len(pieces)
+            arrays["source_ids"][r, s_at : s_at + n] = pieces
+            arrays["source_segment_ids"][r, s_at : s_at + n] = segment
+            arrays["source_positions"][r, s_at : s_at + n] = np.arange(n)
+            s_at += n
+            pieces = target[target_offsets[i] : target_offsets[i + 1]]
+            m = len(pieces) + 1  # BOS + pieces, pieces + EOS
+            arrays["target_ids"][r, t_at] = bos_id
+            arrays["target_ids"][r, t_at + 1 : t_at + m] = pieces
+            arrays["labels"][r, t_at : t_at + m - 1] = pieces
+            arrays["labels"][r, t_at + m - 1] = eos_id
+            arrays["target_segment_ids"][r, t_at : t_at + m] = segment
+            arrays["target_positions"][r, t_at : t_at + m] = np.arange(m)
+            t_at += m
+    labels = arrays.pop("labels")
+    return arrays, labels
+
+
+def _signature(pack):
+    names = ("source_ids", "target_ids") + (PACKING_KEYS if pack else ())
+    ids = tf.TensorSpec((None, None), tf.int32)
+    return {name: ids for name in names}, ids
 
 
 def _from_batches(batches):
@@ -239,6 +366,7 @@ def make_dataset(
     eos_id=3,
     timer=None,
     boundaries=BUCKET_BOUNDARIES,
+    pack=False,
 ):
     """Builds the batched dataset of one split.
 
@@ -257,6 +385,8 @@ def make_dataset(
         bos_id, eos_id: the model's special ids.
         timer: an `InputTimer` that accumulates the host time of assembling batches.
         boundaries: of the length buckets (`bucket_sizes`).
+        pack: bool. Batches of packed rows (`plan_packed_batches`), whose
+            features add the model's `PACKING_KEYS`; `boundaries` is unused.
 
     Returns:
         `tf.data.Dataset` of `({"source_ids", "target_ids"}, labels)`; its
@@ -270,30 +400,42 @@ def make_dataset(
         raise ValueError(f"No pair of the split fits in max_length={max_length}.")
     bucket_sizes(max_length, batch_tokens, num_replicas)  # validates the budget
     rng = np.random.default_rng(seed) if training else None
-    plan_args = dict(num_replicas=num_replicas, boundaries=boundaries)
-    evaluation_plan = None if training else plan_batches(split, batch_tokens, **plan_args)
+    if pack:
+        plan_epoch = functools.partial(plan_packed_batches, split, batch_tokens, num_replicas)
+
+        def make_batch(planned):
+            return assemble_packed(split, *planned, bos_id=bos_id, eos_id=eos_id)
+
+    else:
+        plan_epoch = functools.partial(
+            plan_batches, split, batch_tokens, num_replicas, boundaries=boundaries
+        )
+
+        def make_batch(indices):
+            return assemble(split, indices, bos_id, eos_id)
+
+    evaluation_plan = None if training else plan_epoch()
 
     if training:
 
         def generate():
             while True:
-                plan = plan_batches(split, batch_tokens, rng=rng, drop_remainder=True, **plan_args)
-                for indices in plan:
+                for planned in plan_epoch(rng=rng, drop_remainder=True):
                     start = time.thread_time()
-                    batch = assemble(split, indices, bos_id, eos_id)
+                    batch = make_batch(planned)
                     if timer is not None:
                         timer.seconds += time.thread_time() - start
                         timer.batches += 1
                     yield batch
 
-        ds = tf.data.Dataset.from_generator(generate, output_signature=_SIGNATURE)
+        ds = tf.data.Dataset.from_generator(generate, output_signature=_signature(pack))
         ds = ds.prefetch(tf.data.AUTOTUNE)
     else:
         # In memory, not a generator: Keras discards the validation iterator
         # before every evaluation (`EpochIterator.reset`), and destroying one
         # whose prefetch thread sat in the Python generator stalled `fit` for
         # about 50 s in most epochs (benchmarks/README.md, "End to end").
-        batches = [assemble(split, indices, bos_id, eos_id) for indices in evaluation_plan]
+        batches = [make_batch(planned) for planned in evaluation_plan]
         ds = _from_batches(batches).repeat()
     options = tf.data.Options()
     if not training:
@@ -315,28 +457,34 @@ def make_dataset(
     return ds
 
 
-def plan_statistics(split, batch_tokens, num_replicas=1, seed=0, boundaries=BUCKET_BOUNDARIES):
+def plan_statistics(
+    split, batch_tokens, num_replicas=1, seed=0, boundaries=BUCKET_BOUNDARIES, pack=False
+):
     """Exact statistics of one training epoch's batches (no tensor is built).
 
     Returns:
-        dict: `batches` per epoch, mean `batch_size`, mean real `source_tokens`
-        and `target_tokens` per batch (target = BOS/EOS-shifted length), and
-        `padding_share` (pad positions / all positions, both sides).
+        dict: `batches` per epoch, mean `batch_size` (pairs), mean real
+        `source_tokens` and `target_tokens` per batch (target = BOS/EOS-shifted
+        length), and `padding_share` (pad positions / all positions, both sides).
     """
     rng = np.random.default_rng(seed)
-    plan = plan_batches(split, batch_tokens, num_replicas, rng, True, boundaries)
     source_lengths = np.diff(split.source_offsets)
     target_lengths = np.diff(split.target_offsets) + 1
-    real_source = real_target = positions = 0
-    for indices in plan:
-        s, t = source_lengths[indices], target_lengths[indices]
-        real_source += int(s.sum())
-        real_target += int(t.sum())
-        positions += len(indices) * (int(s.max()) + int(t.max()))
-    count = max(len(plan), 1)
+    if pack:
+        plan = plan_packed_batches(split, batch_tokens, num_replicas, rng, True)
+        pairs = [np.concatenate([np.asarray(row) for row in rows]) for _, rows in plan]
+        positions = sum(2 * width * len(rows) for width, rows in plan)
+    else:
+        pairs = plan_batches(split, batch_tokens, num_replicas, rng, True, boundaries)
+        positions = sum(
+            len(i) * (int(source_lengths[i].max()) + int(target_lengths[i].max())) for i in pairs
+        )
+    real_source = sum(int(source_lengths[i].sum()) for i in pairs)
+    real_target = sum(int(target_lengths[i].sum()) for i in pairs)
+    count = max(len(pairs), 1)
     return {
-        "batches": len(plan),
-        "batch_size": sum(len(b) for b in plan) / count,
+        "batches": len(pairs),
+        "batch_size": sum(len(i) for i in pairs) / count,
         "source_tokens": real_source / count,
         "target_tokens": real_target / count,
         "padding_share": 1.0 - (real_source + real_target) / max(positions, 1),

@@ -16,6 +16,7 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.masks import merge_masks
 
 _NEG_INF = -1e9
@@ -161,7 +162,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.value_dense = projection("value", "bsd,dnh->bsnh", heads, "nh")
         # (B, T, N, H) -> (B, T, D)
         self.output_dense = projection("attention_output", "btnh,nhd->btd", (None, d_model), "d")
-        self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.dropout_layer = Dropout(dropout, dtype=self.dtype_policy)
 
     def build(self, query_shape, value_shape=None, key_shape=None):
         value_shape = query_shape if value_shape is None else value_shape

@@ -3,6 +3,7 @@
 import keras
 
 from keras_transformer.layers.attention import MultiHeadAttention
+from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.feed_forward import FeedForward
 
 
@@ -44,7 +45,7 @@ class TransformerBlock(keras.layers.Layer):
         self.self_attention_norm = self._layer_norm("self_attention_norm")
         self.feed_forward = FeedForward(d_model, d_ff, dtype=self.dtype_policy, name="feed_forward")
         self.feed_forward_norm = self._layer_norm("feed_forward_norm")
-        self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.dropout_layer = Dropout(dropout, dtype=self.dtype_policy)
 
     def _attention(self, name):
         return MultiHeadAttention(

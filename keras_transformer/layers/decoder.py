@@ -42,6 +42,9 @@ class DecoderLayer(TransformerBlock):
             to the Keras mask of `inputs`.
         encoder_padding_mask: `(B, S)` bool, True for real source tokens;
             defaults to the Keras mask of `encoder_outputs`.
+        attention_mask: `(B, T, T)` bool, combined with the causal mask,
+            e.g. to keep the sequences packed in one row apart.
+        encoder_attention_mask: `(B, T, S)` bool for cross-attention.
         training: bool.
         return_attention_scores: bool. Also return the attention
             probabilities: `(outputs, scores)` with `scores["self_attention"]`
@@ -110,6 +113,8 @@ class DecoderLayer(TransformerBlock):
         encoder_outputs=None,
         padding_mask=None,
         encoder_padding_mask=None,
+        attention_mask=None,
+        encoder_attention_mask=None,
         training=None,
         return_attention_scores=False,
     ):
@@ -122,6 +127,7 @@ class DecoderLayer(TransformerBlock):
         h = self.self_attention(
             h,
             padding_mask=padding_mask,
+            attention_mask=attention_mask,
             use_causal_mask=True,
             training=training,
             return_attention_scores=return_attention_scores,
@@ -138,6 +144,7 @@ class DecoderLayer(TransformerBlock):
                 h,
                 encoder_outputs,
                 padding_mask=encoder_padding_mask,
+                attention_mask=encoder_attention_mask,
                 training=training,
                 return_attention_scores=return_attention_scores,
             )

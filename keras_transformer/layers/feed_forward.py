@@ -2,6 +2,8 @@
 
 import keras
 
+from keras_transformer.layers.dropout import Dropout
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class FeedForward(keras.layers.Layer):
@@ -60,7 +62,7 @@ class FeedForward(keras.layers.Layer):
         self.output_dense = keras.layers.Dense(
             d_model, kernel_initializer=kernel_initializer, dtype=self.dtype_policy, name="output"
         )
-        self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.dropout_layer = Dropout(dropout, dtype=self.dtype_policy)
 
     def build(self, inputs_shape):
         self.inner_dense.build(inputs_shape)

@@ -12,6 +12,20 @@ def padding_mask_from_ids(token_ids, pad_id=0):
     return ops.not_equal(token_ids, ops.cast(pad_id, token_ids.dtype))
 
 
+# Inputs of a batch of packed rows (several sequences per row, as the flax WMT
+# example and tensor2tensor train): which sequence a position belongs to (1,
+# 2, ... within its row; 0 on padding) and its position within that sequence.
+PACKING_KEYS = ("source_segment_ids", "target_segment_ids", "source_positions", "target_positions")
+
+
+def same_segment_mask(query_segment_ids, key_segment_ids):
+    """`(B, T)`, `(B, S)` segment ids -> `(B, T, S)` bool: query t and key s
+    belong to the same packed sequence."""
+    query_segment_ids = ops.cast(query_segment_ids, "int32")
+    key_segment_ids = ops.cast(key_segment_ids, "int32")
+    return ops.equal(query_segment_ids[:, :, None], key_segment_ids[:, None, :])
+
+
 def causal_mask(query_length, key_length):
     """`(T, S)` bool: query t may attend to keys s <= t (lower triangle)."""
     rows = ops.arange(query_length, dtype="int32")[:, None]

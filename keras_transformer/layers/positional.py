@@ -27,6 +27,9 @@ class PositionalEncoding(keras.layers.Layer):
         inputs: `(B, T, D)` embeddings; D must be even.
         start_index: int or `(B,)` int tensor. Position of the first step,
             e.g. the current step of cached decoding. Defaults to 0.
+        positions: optional `(B, T)` int tensor, every step's position
+            (e.g. counting from 0 again for each sequence packed in a
+            row); replaces `start_index`.
 
     Returns:
         `inputs + PE`, `(B, T, D)`.
@@ -64,13 +67,14 @@ class PositionalEncoding(keras.layers.Layer):
         is_even = ops.equal(ops.mod(ops.arange(d_model, dtype="int32"), 2), 0)  # (D,)
         return ops.where(is_even, ops.sin(angles), ops.cos(angles))
 
-    def call(self, inputs, start_index=0):
-        ones = ops.ones_like(inputs[:, :, 0], dtype="int32")  # (B, T)
-        positions = ops.cumsum(ones, axis=1) - 1  # (B, T): 0, 1, ..., T - 1
-        start_index = ops.cast(start_index, "int32")
-        if len(ops.shape(start_index)) == 1:
-            start_index = start_index[:, None]  # (B, 1)
-        positions = positions + start_index
+    def call(self, inputs, start_index=0, positions=None):
+        if positions is None:
+            ones = ops.ones_like(inputs[:, :, 0], dtype="int32")  # (B, T)
+            positions = ops.cumsum(ones, axis=1) - 1  # (B, T): 0, 1, ..., T - 1
+            start_index = ops.cast(start_index, "int32")
+            if len(ops.shape(start_index)) == 1:
+                start_index = start_index[:, None]  # (B, 1)
+            positions = positions + start_index
         encoding = self.encoding(positions, inputs.shape[-1])
         return inputs + ops.cast(encoding, inputs.dtype)
 
