@@ -457,8 +457,8 @@ def tables(report):
         "Validation loss (label-smoothed, whole validation split) at matching minutes "
         "(interpolated; step in parentheses). As each build logs it: train.py's is "
         "Keras's `val_loss`, the mean of each batch's per-token loss weighted by the "
-        "batch's sentences; the loop's is per real token. Compare curves within a build; "
-        "across builds, the per-token row above:",
+        "batch's rows (a packed row holds several sentences); the loop's is per real "
+        "token. Compare curves within a build; across builds, the per-token row above:",
         "",
         "| minutes | keras_transformer | keras-hub loop |",
         "|---:|---:|---:|",

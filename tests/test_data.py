@@ -324,7 +324,8 @@ def test_packed_rows_hold_each_pair_once_within_their_width(corpus, num_replicas
     first = plan_packed_batches(split, 128, num_replicas, rng, drop_remainder=True)
     second = plan_packed_batches(split, 128, num_replicas, rng, drop_remainder=True)
     assert [r for _, r in first] != [r for _, r in second]  # reshuffled
-    for width, rows in first:
+    assert all(len(rows) % num_replicas == 0 for _, rows in evaluation)
+    for width, rows in first:  # whole batches only: one shape per width
         assert len(rows) == 128 // width // num_replicas * num_replicas
         for row in rows:
             assert source_lengths[row].sum() <= width and target_lengths[row].sum() <= width

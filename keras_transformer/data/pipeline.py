@@ -270,7 +270,9 @@ def plan_packed_batches(split, batch_tokens, num_replicas=1, rng=None, drop_rema
     """One epoch of packed batches: `(width, rows)` with `batch_tokens // width` rows
     (a multiple of `num_replicas`) of one width each.
 
-    Args: as `plan_batches`; `max_length` is the split's longest pair.
+    Args: as `plan_batches`; the widest row is the split's longest pair.
+        drop_remainder: drop each width's last, smaller batch (training); without
+            it, that batch's rows are split until they divide over the replicas.
 
     Returns:
         list of `(width, rows)`, `rows` a list of lists of pair indices.
@@ -286,16 +288,31 @@ def plan_packed_batches(split, batch_tokens, num_replicas=1, rng=None, drop_rema
             members = rng.permutation(members)
         size = max(batch_tokens // int(width) // num_replicas, 1) * num_replicas
         for start in range(0, len(members), size):
-            batch = members[start : start + size]
-            if len(batch) % num_replicas:
-                if drop_remainder:
-                    batch = batch[: len(batch) // num_replicas * num_replicas]
-                if not len(batch):
-                    continue
-            batches.append((int(width), [rows[i] for i in batch]))
+            batch = [rows[i] for i in members[start : start + size]]
+            if len(batch) < size and drop_remainder:
+                # Training: every batch of a width has one shape (one XLA compile);
+                # the rows left out are fewer than a batch per width, new ones each epoch.
+                continue
+            batches.append((int(width), _rows_for_replicas(batch, num_replicas)))
     if rng is not None:
         batches = [batches[i] for i in rng.permutation(len(batches))]
     return batches
+
+
+def _rows_for_replicas(rows, num_replicas):
+    """`rows`, with rows of several pairs split until their number is a multiple
+    of `num_replicas` (`MirroredStrategy` needs even shares; empty rows would
+    skew Keras's per-batch validation mean)."""
+    rows = [list(row) for row in rows]
+    while len(rows) % num_replicas:
+        longest = max(range(len(rows)), key=lambda i: len(rows[i]))
+        if len(rows[longest]) < 2:
+            raise ValueError(
+                f"Cannot split {len(rows)} rows of one pair each over {num_replicas} "
+                "replicas; use more evaluation pairs or fewer replicas."
+            )
+        rows.append([rows[longest].pop()])
+    return rows
 
 
 def assemble_packed(split, width, rows, bos_id=2, eos_id=3):
