@@ -66,6 +66,11 @@ def parse_args(argv=None):
         type=float,
         help="stop at the first training step that ends past this many minutes",
     )
+    parser.add_argument(
+        "--validation-every",
+        type=int,
+        help="validation loss every N epochs and after the last (default: 2 for cpu, else 1)",
+    )
     parser.add_argument("--validation-bleu-samples", type=int, default=300)
     parser.add_argument(
         "--validation-bleu-every",

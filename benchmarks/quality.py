@@ -330,7 +330,8 @@ def ours_summary(run_info, decoded):
         "batch_tokens": training.get("batch_tokens"),
         "dtype_policy": training.get("dtype_policy"),
         "params": decoded.get("params"),
-        "curve": run_info.get("curve", []),
+        # Epochs without a validation pass (`--validation-every`) have val_loss None.
+        "curve": [p for p in run_info.get("curve", []) if p.get("val_loss") is not None],
         "timing": timing,
         "wall_seconds": metrics.get("wall_seconds"),
         "decode_seconds": decoded.get("decode_seconds"),

@@ -89,6 +89,30 @@ class TimeBudget(keras.callbacks.Callback):
             logger.info("Time budget of %.1f minutes reached; training stops.", self.seconds / 60)
 
 
+class ValidationEpochs(list):
+    """Keras's `validation_freq` for "every `every` epochs and the last one".
+
+    Keras validates after epoch `e` (1-based) when `e in validation_freq`. This
+    list answers from a rule instead of its items: every `every`-th epoch, the
+    last of `epochs`, and the epoch in which something stopped training early
+    (`TimeBudget`, `TerminateOnNaN`), so a run always ends with a validation
+    pass. A plain int would skip it when a time budget ends an odd epoch.
+    """
+
+    def __init__(self, every, epochs):
+        super().__init__()
+        self.every, self.epochs = every, epochs
+        self.model = None  # set by `attach`; its `stop_training` marks the last epoch
+
+    def attach(self, model):
+        self.model = model
+        return self
+
+    def __contains__(self, epoch):
+        stopping = getattr(self.model, "stop_training", False)
+        return epoch % self.every == 0 or epoch >= self.epochs or stopping
+
+
 class PhaseTimer(keras.callbacks.Callback):
     """Where the wall clock of `fit` goes: steps, validation, epoch-end work.
 
@@ -104,7 +128,8 @@ class PhaseTimer(keras.callbacks.Callback):
         validation_seconds: in `evaluate` passes over the validation data.
         epoch_end_seconds: in the other callbacks' `on_epoch_end`.
         fit_seconds: from `on_train_begin` to `on_train_end`.
-        curve: list of `{"epoch", "step", "minutes", "val_loss"}`.
+        curve: list of `{"epoch", "step", "minutes", "val_loss"}`, one per epoch;
+            `val_loss` None where the epoch had no validation pass.
     """
 
     def __init__(self):

@@ -57,10 +57,10 @@ PRESETS = {
     "small": TransformerConfig(
         vocab_size=8000, num_layers=3, d_model=256, num_heads=4, d_ff=1024, max_length=128
     ),
-    # The default of `python train.py`: as many updates as 20 minutes on 2 CPU
-    # cores allow (about 0.25 s per 1,024-token step there). No dropout: measured when
+    # The default of `python train.py`: as many updates as 22 minutes on 2 CPU
+    # cores allow (about 0.23 s per 1,024-token step there). No dropout: measured when
     # such a run saw less than one epoch, where dropout only slows learning; it now
-    # sees 1.6 (README, "Training").
+    # sees about 2 (README, "Training").
     "cpu": TransformerConfig(
         vocab_size=4000,
         num_layers=2,

@@ -29,6 +29,7 @@ from keras_transformer.callbacks import (
     TerminateOnNaN,
     TimeBudget,
     ValidationBleu,
+    ValidationEpochs,
 )
 from keras_transformer.config import get_preset
 from keras_transformer.distribution import (
@@ -447,6 +448,7 @@ def fit(model, config, machine, inputs, finished, wall_start):
         steps_per_epoch=config.steps,
         validation_data=inputs.val_ds,
         validation_steps=inputs.val_ds.num_batches,
+        validation_freq=ValidationEpochs(config.validation_every, config.epochs).attach(model),
         callbacks=callbacks,
         shuffle=False,  # the pipeline shuffles; Keras would warn that it cannot
         verbose=1 if os.isatty(1) else 2,
