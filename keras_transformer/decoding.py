@@ -25,6 +25,8 @@ import numbers
 import keras
 from keras import ops
 
+from keras_transformer.search import PAPER
+
 # A large negative log-probability instead of -inf, which turns into NaN in
 # `-inf - -inf` and `0 * -inf` (the flax example makes the same choice).
 NEG_INF = -1.0e7
@@ -133,8 +135,8 @@ def beam_search(
     start_ids,
     max_length,
     eos_id,
-    beam_size=4,
-    alpha=0.6,
+    beam_size=PAPER.beam_size,
+    alpha=PAPER.alpha,
     max_lengths=None,
     pad_id=0,
 ):
@@ -271,7 +273,7 @@ def _suppress(logits, token_ids):
     return ops.where(banned, ops.cast(NEG_INF, logits.dtype), logits)
 
 
-def output_limits(source_ids, max_extra_length=50, max_length=None, pad_id=0):
+def output_limits(source_ids, max_extra_length=PAPER.max_extra_length, max_length=None, pad_id=0):
     """Output length limits: source length + `max_extra_length`, at most `max_length`.
 
     Args:
@@ -301,7 +303,13 @@ def output_limits(source_ids, max_extra_length=50, max_length=None, pad_id=0):
     return buffer_length, max_lengths
 
 
-def translate_ids(model, source_ids, beam_size=4, alpha=0.6, max_extra_length=50):
+def translate_ids(
+    model,
+    source_ids,
+    beam_size=PAPER.beam_size,
+    alpha=PAPER.alpha,
+    max_extra_length=PAPER.max_extra_length,
+):
     """Source ids to output ids with the model's key/value cache. Pure tensor code.
 
     Args:
@@ -337,7 +345,13 @@ def translate_ids(model, source_ids, beam_size=4, alpha=0.6, max_extra_length=50
     return sequences[:, 0]
 
 
-def compile_translate_ids(model, beam_size=4, alpha=0.6, max_extra_length=50, jit_compile=False):
+def compile_translate_ids(
+    model,
+    beam_size=PAPER.beam_size,
+    alpha=PAPER.alpha,
+    max_extra_length=PAPER.max_extra_length,
+    jit_compile=False,
+):
     """`translate_ids` compiled for the current backend: `fn(source_ids) -> ids`.
 
     TensorFlow: one `tf.function` with an int32 `(None, None)` input
@@ -381,7 +395,7 @@ def compile_translate_ids(model, beam_size=4, alpha=0.6, max_extra_length=50, ji
     return run
 
 
-def uncached_greedy_search(model, source_ids, max_extra_length=50, eos_id=None):
+def uncached_greedy_search(model, source_ids, max_extra_length=PAPER.max_extra_length, eos_id=None):
     """Reference greedy search without a cache, as the TensorFlow tutorial decodes.
 
     Every step re-runs the whole decoder on the output so far (the encoder

@@ -1,9 +1,10 @@
 """Translating and scoring with sacrebleu: the evaluation of a trained model."""
 
+from keras_transformer.search import PAPER
 from keras_transformer.translator import Translator
 
 
-def make_translate_fn(model, tokenizer, beam_size=1, alpha=0.6, batch_size=64):
+def make_translate_fn(model, tokenizer, beam_size=1, alpha=PAPER.alpha, batch_size=64):
     """`translate(list of str) -> list of str` with the model's key/value cache.
 
     Beam search decodes `beam_size` hypotheses per sentence, so the batch of

@@ -21,19 +21,10 @@ import sys
 
 import numpy as np
 
+from keras_transformer import frontend
+from keras_transformer.search import SearchConfig
+
 GRAPH = "translate.onnx"
-
-
-def _as_text(sentence, index):
-    """str, or UTF-8 bytes with invalid sequences replaced by U+FFFD (as the SavedModel does)."""
-    if isinstance(sentence, bytes):
-        return sentence.decode("utf-8", errors="replace")
-    if isinstance(sentence, str):
-        return sentence
-    raise TypeError(
-        f"OnnxTranslator expects str or bytes; sentence {index} is a {type(sentence).__name__}: "
-        f"{sentence!r:.80}"
-    )
 
 
 class OnnxTranslator:
@@ -87,12 +78,11 @@ class OnnxTranslator:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer. Received: {batch_size!r}")
         self.batch_size = batch_size
-        self.beam_size = self.defaults["beam_size"] if beam_size is None else beam_size
-        self.alpha = self.defaults["alpha"] if alpha is None else alpha
-        self.max_extra_length = (
-            self.defaults["max_extra_length"] if max_extra_length is None else max_extra_length
+        # The export's defaults (config.json), replaced by the settings given.
+        self.search = SearchConfig.from_dict(self.defaults).replace(
+            beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length
         )
-        self._feeds()  # checks the settings before the session is built
+        self._feeds()  # checks the beam size before the session is built
         if "tensorflow" in sys.modules:
             raise RuntimeError(
                 "OnnxTranslator cannot run in a process that has imported TensorFlow: "
@@ -110,27 +100,32 @@ class OnnxTranslator:
         options.register_custom_ops_library(onnxruntime_extensions.get_library_path())
         self.session = ort.InferenceSession(path, options, providers=list(providers))
 
+    @property
+    def beam_size(self):
+        return self.search.beam_size
+
+    @property
+    def alpha(self):
+        return self.search.alpha
+
+    @property
+    def max_extra_length(self):
+        return self.search.max_extra_length
+
     def _feeds(self, beam_size=None, alpha=None, max_extra_length=None):
         """The graph's optional inputs, checked; None takes the translator's setting."""
-        beam_size = self.beam_size if beam_size is None else beam_size
-        alpha = self.alpha if alpha is None else alpha
-        max_extra_length = self.max_extra_length if max_extra_length is None else max_extra_length
-        if beam_size not in self.beam_sizes:
+        search = self.search.replace(
+            beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length
+        )
+        if search.beam_size not in self.beam_sizes:
             raise ValueError(
                 f"beam_size must be one of the exported beam sizes {self.beam_sizes}. "
-                f"Received: beam_size={beam_size!r}"
-            )
-        if alpha < 0:
-            raise ValueError(f"alpha must be >= 0. Received: alpha={alpha}")
-        if not isinstance(max_extra_length, int) or max_extra_length < 0:
-            raise ValueError(
-                "max_extra_length must be an integer >= 0. "
-                f"Received: max_extra_length={max_extra_length!r}"
+                f"Received: beam_size={search.beam_size!r}"
             )
         return {
-            "beam_size": np.array(beam_size, np.int32),
-            "alpha": np.array(alpha, np.float32),
-            "max_extra_length": np.array(max_extra_length, np.int32),
+            "beam_size": np.array(search.beam_size, np.int32),
+            "alpha": np.array(search.alpha, np.float32),
+            "max_extra_length": np.array(search.max_extra_length, np.int32),
         }
 
     def __call__(self, sentences, progress=False):
@@ -160,31 +155,17 @@ class OnnxTranslator:
             beam_size, alpha, max_extra_length: this call's search settings
                 (None: the translator's).
         """
-        if isinstance(sentences, (str, bytes)):
-            raise TypeError(
-                "translate() expects a list of strings; use translator(text) for one. "
-                f"Received: {sentences!r:.80}"
-            )
-        texts = [_as_text(s, i) for i, s in enumerate(sentences)]
+        texts = frontend.check_sentences(sentences, "OnnxTranslator", accept_bytes=True)
         settings = dict(beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length)
         self._feeds(**settings)  # fail before any batch runs
         # Blank sentences translate to "" (the graph agrees) without taking a batch slot.
-        order = sorted((i for i, t in enumerate(texts) if t.strip()), key=lambda i: -len(texts[i]))
+        lengths = [0 if frontend.is_blank(t) else len(t) for t in texts]
         outputs = [""] * len(texts)
-        bar = _progress_bar(len(order)) if progress else None
-        for start in range(0, len(order), self.batch_size):
-            batch = order[start : start + self.batch_size]
+
+        def run(batch):
             translations = self.run([texts[i] for i in batch], **settings)
             for i, translation in zip(batch, translations, strict=True):
                 outputs[i] = translation
-            if bar is not None:
-                bar.update(len(batch))
-        if bar is not None:
-            bar.close()
+
+        frontend.run_batches(frontend.batches_by_length(lengths, self.batch_size), run, progress)
         return outputs
-
-
-def _progress_bar(total):
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="sentence", desc="translate", leave=False)

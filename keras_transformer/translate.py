@@ -17,6 +17,7 @@ import os
 import sys
 
 from keras_transformer import workdir
+from keras_transformer.search import PAPER
 
 
 def parse_args(argv=None):
@@ -27,11 +28,21 @@ def parse_args(argv=None):
     parser.add_argument(
         "--input", default="-", help="file with one sentence per line; '-' (default) is stdin"
     )
-    parser.add_argument("--beam-size", type=int, default=4, help="1 runs greedy search (default 4)")
-    parser.add_argument("--alpha", type=float, default=0.6, help="length penalty (default 0.6)")
+    parser.add_argument(
+        "--beam-size",
+        type=int,
+        default=PAPER.beam_size,
+        help=f"1 runs greedy search (default {PAPER.beam_size})",
+    )
+    parser.add_argument(
+        "--alpha", type=float, default=PAPER.alpha, help=f"length penalty (default {PAPER.alpha})"
+    )
     parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch")
     parser.add_argument(
-        "--max-extra-length", type=int, default=50, help="output tokens beyond the input length"
+        "--max-extra-length",
+        type=int,
+        default=PAPER.max_extra_length,
+        help=f"output tokens beyond the input length (default {PAPER.max_extra_length})",
     )
     parser.add_argument("--jit-compile", action="store_true", help="XLA (TensorFlow only)")
     parser.add_argument(

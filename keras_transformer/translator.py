@@ -5,7 +5,9 @@ import logging
 import keras
 import numpy as np
 
+from keras_transformer import frontend
 from keras_transformer.decoding import compile_translate_ids
+from keras_transformer.search import PAPER
 
 logger = logging.getLogger(__name__)
 
@@ -48,19 +50,21 @@ class Translator:
         model: a `Transformer`.
         tokenizer: a `keras_hub.tokenizers.SentencePieceTokenizer` (or any
             tokenizer with `tokenize(list of str)` and `detokenize(ids)`).
-        beam_size: int. 1 runs greedy search; the paper uses 4.
-        alpha: float. Length-penalty exponent; the paper uses 0.6.
+        beam_size, alpha, max_extra_length: the search settings
+            (`keras_transformer.search.SearchConfig`: 1 runs greedy search;
+            the paper's 4, 0.6 and 50 by default). None: `search`'s.
         batch_size: int. Sentences decoded together (times `beam_size`
             hypotheses).
-        max_extra_length: int. An output has at most its source length plus
-            this many tokens (the paper: 50), and at most `config.max_length`.
         jit_compile: bool. XLA for the TensorFlow `tf.function`.
+        search: a `SearchConfig` whose settings the three above replace
+            where given (default `search.PAPER`). `translator.search` is
+            the one in use.
 
     Example, with `model` and `tokenizer` from a trained work directory
     (`keras_transformer.translate.load("work")`); what comes out depends on
     the training, so no output is shown:
 
-        translator = Translator(model, tokenizer, beam_size=4, alpha=0.6)
+        translator = Translator(model, tokenizer)  # the paper's beam 4, alpha 0.6
         translator("Guten Morgen.")  # one string -> its translation, a string
         translator(["Guten Morgen.", "Danke!"])  # a list -> a list, in input order
         translator(["", "  "])  # -> ["", ""]: blank input does not run the model
@@ -70,33 +74,41 @@ class Translator:
         self,
         model,
         tokenizer,
-        beam_size=4,
-        alpha=0.6,
+        beam_size=None,
+        alpha=None,
         batch_size=32,
-        max_extra_length=50,
+        max_extra_length=None,
         jit_compile=False,
+        search=PAPER,
     ):
-        for name, value in (("beam_size", beam_size), ("batch_size", batch_size)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer. Received: {name}={value!r}")
-        if alpha < 0:
-            raise ValueError(f"alpha must be >= 0. Received: alpha={alpha}")
-        if max_extra_length < 0:
+        if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(
-                f"max_extra_length must be >= 0. Received: max_extra_length={max_extra_length}"
+                f"batch_size must be a positive integer. Received: batch_size={batch_size!r}"
             )
+        self.search = search.replace(
+            beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length
+        )
         self.model = model
         self.tokenizer = tokenizer
         self.config = model.config
-        self.beam_size = beam_size
-        self.alpha = alpha
         self.batch_size = batch_size
-        self.max_extra_length = max_extra_length
         if not model.built:
             model.build()
         self._translate_ids = compile_translate_ids(
-            model, beam_size, alpha, max_extra_length, jit_compile=jit_compile
+            model, **self.search.to_dict(), jit_compile=jit_compile
         )
+
+    @property
+    def beam_size(self):
+        return self.search.beam_size
+
+    @property
+    def alpha(self):
+        return self.search.alpha
+
+    @property
+    def max_extra_length(self):
+        return self.search.max_extra_length
 
     @classmethod
     def from_preset(cls, work_dir, **kwargs):
@@ -126,27 +138,23 @@ class Translator:
         return self.translate(sentences, progress=progress)
 
     def encode(self, sentences):
-        """Strings -> lists of source ids ending with EOS ([] for an empty string)."""
-        for i, sentence in enumerate(sentences):
-            if not isinstance(sentence, str):
-                raise TypeError(
-                    f"Translator expects strings; sentence {i} is a {type(sentence).__name__}: "
-                    f"{sentence!r:.80}"
-                )
+        """Strings -> lists of source ids ending with EOS ([] for a blank string)."""
+        sentences = frontend.check_sentences(sentences, "Translator")
         config = self.config
-        token_ids = _as_lists(self.tokenizer.tokenize(list(sentences))) if sentences else []
+        kept = frontend.max_source_pieces(config.max_length)
+        token_ids = _as_lists(self.tokenizer.tokenize(sentences)) if sentences else []
         source_ids = []
         for sentence, ids in zip(sentences, token_ids, strict=True):
-            if not sentence.strip():
+            if frontend.is_blank(sentence):
                 source_ids.append([])
                 continue
-            if len(ids) + 1 > config.max_length:
+            if len(ids) > kept:
                 logger.warning(
                     "A sentence of %d pieces exceeds the model's max_length=%d; translating "
                     "its first %d pieces: %.60s...",
-                    len(ids), config.max_length, config.max_length - 1, sentence,
+                    len(ids), config.max_length, kept, sentence,
                 )  # fmt: skip
-                ids = ids[: config.max_length - 1]
+                ids = ids[:kept]
             source_ids.append(ids + [config.eos_id])
         return source_ids
 
@@ -165,14 +173,10 @@ class Translator:
         return [_as_text(text) for text in texts]
 
     def translate_ids(self, source_ids, progress=False):
-        """Lists of source ids -> lists of output ids, batched by length."""
-        order = sorted(
-            (i for i, ids in enumerate(source_ids) if ids), key=lambda i: -len(source_ids[i])
-        )
+        """Lists of source ids -> lists of output ids, batched by length ([] -> [])."""
         outputs = [[] for _ in source_ids]
-        bar = _progress_bar(len(order)) if progress else None
-        for start in range(0, len(order), self.batch_size):
-            batch = order[start : start + self.batch_size]
+
+        def run(batch):
             width = -(-len(source_ids[batch[0]]) // 8) * 8  # the longest, rounded up to 8
             padded = np.full((len(batch), width), self.config.pad_id, dtype="int32")
             for row, i in enumerate(batch):
@@ -180,10 +184,9 @@ class Translator:
             ids = keras.ops.convert_to_numpy(self._translate_ids(padded))
             for row, i in enumerate(batch):
                 outputs[i] = ids[row].tolist()
-            if bar is not None:
-                bar.update(len(batch))
-        if bar is not None:
-            bar.close()
+
+        batches = frontend.batches_by_length([len(ids) for ids in source_ids], self.batch_size)
+        frontend.run_batches(batches, run, progress)
         return outputs
 
     def translate(self, sentences, progress=False):
@@ -193,13 +196,5 @@ class Translator:
             sentences: list of str.
             progress: bool. Show a progress bar (tqdm, on stderr).
         """
-        if isinstance(sentences, str):
-            raise TypeError("translate() expects a list of strings; use translator(text) for one")
-        sentences = list(sentences)
+        sentences = frontend.check_sentences(sentences, "Translator")
         return self.decode(self.translate_ids(self.encode(sentences), progress=progress))
-
-
-def _progress_bar(total):
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="sentence", desc="translate", leave=False)

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from keras_transformer import Transformer
 from keras_transformer.decoding import translate_ids
+from keras_transformer.search import PAPER, SearchConfig
 from keras_transformer.translator import Translator
 
 CORPUS = [
@@ -86,6 +87,24 @@ def test_bad_input(tokenizer, caplog):
     assert isinstance(translation, str)
     with pytest.raises(ValueError, match="beam_size"):
         Translator(tiny_model(), tokenizer, beam_size=0)
+
+
+@pytest.mark.multibackend
+def test_search_config_is_the_translators_settings(tokenizer):
+    model = tiny_model()
+    assert Translator(model, tokenizer).search == PAPER
+    search = SearchConfig(beam_size=2, alpha=0.0, max_extra_length=4)
+    by_object = Translator(model, tokenizer, search=search)
+    by_keywords = Translator(model, tokenizer, beam_size=2, alpha=0.0, max_extra_length=4)
+    assert by_object.search == by_keywords.search == search
+    sentences = ["the cat sat", "guten morgen und danke", ""]
+    assert by_object(sentences) == by_keywords(sentences)
+    # Keywords replace the object's settings where given.
+    assert Translator(model, tokenizer, beam_size=1, search=search).search == search.replace(
+        beam_size=1
+    )
+    with pytest.raises(ValueError, match="alpha must be a number >= 0"):
+        Translator(model, tokenizer, alpha=-1.0)
 
 
 def test_translate_command(tokenizer, tmp_path, capsys, monkeypatch):

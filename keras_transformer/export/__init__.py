@@ -24,10 +24,11 @@ from keras_transformer.export.artifacts import (
     check_work_dir,
     next_version,
 )
+from keras_transformer.search import PAPER, SearchConfig
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_SEARCH = {"beam_size": 4, "alpha": 0.6, "max_extra_length": 50}
+DEFAULT_SEARCH = PAPER  # the search baked into the exports unless `search` says otherwise
 FORMATS = ("saved_model", "onnx")
 
 
@@ -71,8 +72,9 @@ def export_all(
             `overwrite=True`.
         overwrite: replace an existing version.
         formats: any of `"saved_model"`, `"onnx"`.
-        search: dict overriding `DEFAULT_SEARCH` (`beam_size`, `alpha`,
-            `max_extra_length`), baked into the SavedModel and config.json.
+        search: a `SearchConfig`, or a dict of the settings that replace
+            `DEFAULT_SEARCH`'s (`beam_size`, `alpha`, `max_extra_length`):
+            baked into the SavedModel, the defaults of translate.onnx.
         opset: ONNX opset (default `onnx_graphs.DEFAULT_OPSET`, at most 18).
 
     Returns:
@@ -83,7 +85,7 @@ def export_all(
         raise ValueError(f"formats must be a non-empty subset of {FORMATS}. Received: {formats}")
     if not name or os.sep in name or name.startswith("."):
         raise ValueError(f"name must be a plain directory name. Received: name={name!r}")
-    search = {**DEFAULT_SEARCH, **(search or {})}
+    search = SearchConfig.from_dict(search)
     check_work_dir(work_dir)  # fail before any slow import
     if version is None:  # one new version number for both formats
         version = new_version(output_dir, name)
@@ -103,7 +105,7 @@ def export_all(
         from keras_transformer.export.saved_model import export_saved_model
 
         with atomic_directory(paths["saved_model"], overwrite=overwrite) as staging:
-            export_saved_model(model, tokenizer, staging, **search)
+            export_saved_model(model, tokenizer, staging, **search.to_dict())
         logger.info("SavedModel written to %s", paths["saved_model"])
     if "onnx" in paths:
         from keras_transformer.export.onnx_graphs import DEFAULT_OPSET, export_onnx
@@ -114,7 +116,7 @@ def export_all(
                 workdir.WorkDir(work_dir).vocabulary,
                 staging,
                 opset=opset or DEFAULT_OPSET,
-                search=search,
+                search=search.to_dict(),
             )
         logger.info("ONNX graphs written to %s", paths["onnx"])
     return paths

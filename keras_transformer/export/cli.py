@@ -4,6 +4,7 @@ import argparse
 import logging
 
 from keras_transformer.export import FORMATS
+from keras_transformer.search import PAPER
 
 
 def parse_args(description, argv=None):
@@ -15,8 +16,12 @@ def parse_args(description, argv=None):
     )
     parser.add_argument("--version", type=int, default=None, help="default: newest + 1")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing version")
-    parser.add_argument("--beam-size", type=int, default=None, help="default: run.json's, else 4")
-    parser.add_argument("--alpha", type=float, default=None, help="default: run.json's, else 0.6")
+    parser.add_argument(
+        "--beam-size", type=int, default=None, help=f"default: run.json's, else {PAPER.beam_size}"
+    )
+    parser.add_argument(
+        "--alpha", type=float, default=None, help=f"default: run.json's, else {PAPER.alpha}"
+    )
     parser.add_argument(
         "--formats",
         default=None,
@@ -47,10 +52,13 @@ def main(formats, description, argv=None):
     except (FileNotFoundError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
     metrics = run_info.get("metrics") or {}
-    search = {
-        "beam_size": args.beam_size or metrics.get("beam_size") or 4,
-        "alpha": args.alpha if args.alpha is not None else metrics.get("alpha", 0.6),
-    }
+    # The flags, else the run's test-decode settings, else the paper's.
+    try:
+        search = PAPER.replace(
+            beam_size=metrics.get("beam_size"), alpha=metrics.get("alpha")
+        ).replace(beam_size=args.beam_size, alpha=args.alpha)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
     try:
         paths = export_all(
             args.work_dir,

@@ -47,6 +47,7 @@ import tensorflow as tf
 from keras_transformer.decoding import translate_ids
 from keras_transformer.export.onnx_passes import simplify
 from keras_transformer.export.onnx_text import text_to_text
+from keras_transformer.search import SearchConfig
 
 # tf2onnx supports opsets up to 18; 17 is the newest every onnxruntime >= 1.13 runs.
 DEFAULT_OPSET = 17
@@ -327,8 +328,9 @@ def export_onnx(model, vocab_path, export_dir, opset=DEFAULT_OPSET, search=None)
         export_dir: an existing, empty directory.
         opset: ONNX opset of encoder.onnx and decoder_step.onnx, at most 18
             (tf2onnx's maximum); translate.onnx uses `TRANSLATE_OPSET`.
-        search: dict of search settings (`beam_size`, `alpha`,
-            `max_extra_length`): the defaults of translate.onnx.
+        search: a `SearchConfig`, or a dict of the settings that replace the
+            paper's (`beam_size`, `alpha`, `max_extra_length`): the defaults of
+            translate.onnx.
     """
     if not 13 <= opset <= 18:
         raise ValueError(
@@ -336,7 +338,7 @@ def export_onnx(model, vocab_path, export_dir, opset=DEFAULT_OPSET, search=None)
         )
     import onnx
 
-    search = {"beam_size": 4, "alpha": 0.6, "max_extra_length": 50, **(search or {})}
+    search = SearchConfig.from_dict(search).to_dict()
     translate = export_translate(
         model, vocab_path, os.path.join(export_dir, "translate.onnx"), search
     )

@@ -29,9 +29,11 @@ onnxruntime-extensions; only `onnx` is imported here.
 import numpy as np
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
+from keras_transformer import frontend
+
 CONTRIB = "ai.onnx.contrib"
-# saved_model._BLANK, anchored: RE2, the engine of both TensorFlow's regex ops and this op.
-BLANK_PATTERN = r"\A[\t\n\x0b\x0c\r\x1c-\x1f\x85\p{Z}]*\z"
+# The SavedModel's pattern, anchored: RE2 is the engine of TensorFlow's regex ops and of this op.
+BLANK_PATTERN = r"\A" + frontend.BLANK_CHARACTERS + r"*\z"
 INT64_MAX = np.iinfo(np.int64).max
 
 
@@ -86,7 +88,8 @@ def _source_ids(n, sentences, vocab_model, max_length, eos_id, pad_id, output):
     )  # fmt: skip  # pieces: int32 (N,) all rows one after the other; row_splits: int64 (B + 1,)
     starts = n.op("Slice", [row_splits, n.const([0], i64), n.const([-1], i64)])  # (B,)
     ends = n.op("Slice", [row_splits, n.const([1], i64), n.const([INT64_MAX], i64)])  # (B,)
-    lengths = n.op("Min", [n.op("Sub", [ends, starts]), n.const(max_length - 1, i64)])  # (B,)
+    kept = frontend.max_source_pieces(max_length)
+    lengths = n.op("Min", [n.op("Sub", [ends, starts]), n.const(kept, i64)])  # (B,)
     # S = longest kept row + 1 for EOS; at least 1, also for an empty batch.
     longest = n.op("ReduceMax", [n.op("Concat", [lengths, n.const([0], i64)], axis=0)], keepdims=0)
     width = n.op("Add", [longest, n.const(1, i64)])

@@ -19,7 +19,9 @@ import os
 import keras
 import tensorflow as tf
 
+from keras_transformer import frontend
 from keras_transformer.decoding import translate_ids
+from keras_transformer.search import PAPER
 
 SIGNATURES = ("serving_default", "translate_greedy", "translate_ids", "greedy_ids")
 
@@ -36,7 +38,7 @@ def encode_sentences(tokenizer, sentences, max_source_length, eos_id, pad_id=0):
         sentences, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
     )
     pieces = tokenizer(sentences)  # ragged (B, None) int32
-    pieces = tf.cast(pieces[:, : max_source_length - 1], tf.int32)
+    pieces = tf.cast(pieces[:, : frontend.max_source_pieces(max_source_length)], tf.int32)
     eos = tf.fill([pieces.nrows(), 1], tf.constant(eos_id, tf.int32))  # (B, 1)
     source = tf.concat([pieces, tf.RaggedTensor.from_tensor(eos)], axis=1)
     return at_least_one_column(source.to_tensor(default_value=pad_id), pad_id)  # (B, S)
@@ -48,8 +50,7 @@ def at_least_one_column(ids, pad_id=0):
     return tf.pad(ids, [[0, 0], [0, missing]], constant_values=pad_id)
 
 
-# The characters for which Python's `str.isspace()` is True.
-_BLANK = r"[\t\n\x0b\x0c\r\x1c-\x1f\x85\p{Z}]*"
+_BLANK = frontend.BLANK_CHARACTERS + "*"
 
 
 def is_blank(sentences):
@@ -68,7 +69,14 @@ def decode_ids(tokenizer, target_ids, eos_id):
     return tokenizer.detokenize(pieces)  # (B,) string
 
 
-def export_saved_model(model, tokenizer, export_dir, beam_size=4, alpha=0.6, max_extra_length=50):
+def export_saved_model(
+    model,
+    tokenizer,
+    export_dir,
+    beam_size=PAPER.beam_size,
+    alpha=PAPER.alpha,
+    max_extra_length=PAPER.max_extra_length,
+):
     """Writes the four signatures of a `Transformer` and its tokenizer to `export_dir`.
 
     Args:

@@ -1,0 +1,86 @@
+"""The text front-end of every translation path: input checks, blank input, batching.
+
+`Translator` (Keras), the SavedModel (`export/saved_model.py`, TensorFlow
+ops), `translate.onnx` (`export/onnx_text.py`, ONNX nodes) and
+`OnnxTranslator` (which runs translate.onnx) follow one contract:
+
+- a string gives its translation, a list gives a list in the same order;
+  anything else in the list is a `TypeError` naming its index and type;
+- a blank sentence (empty, or only characters for which Python's
+  `str.isspace()` is True: `BLANK_CHARACTERS`) translates to "" without
+  taking a place in a batch;
+- a sentence is cut to `max_source_pieces(max_length)` pieces, then EOS;
+- the output is everything before the first EOS, detokenized;
+- sentences run longest first, `batch_size` at a time (`batches_by_length`).
+
+The graph exports implement the rules with their runtime's ops and take
+the constants from here; the two translators share the host side. This
+module imports neither Keras nor TensorFlow (`OnnxTranslator` uses it).
+"""
+
+# RE2 (TensorFlow's regex ops, onnxruntime-extensions' StringRegexReplace) character
+# class of exactly the code points for which Python's `str.isspace()` is True
+# (tests/test_serving_bad_input.py checks every code point).
+BLANK_CHARACTERS = r"[\t\n\x0b\x0c\r\x1c-\x1f\x85\p{Z}]"
+
+
+def max_source_pieces(max_length):
+    """Pieces kept of a source sentence: one position is left for EOS."""
+    return max_length - 1
+
+
+def check_sentences(sentences, caller, accept_bytes=False):
+    """`sentences` as a list of str; a str alone, or a non-string item, is a `TypeError`.
+
+    With `accept_bytes`, UTF-8 bytes are decoded, invalid sequences replaced
+    by U+FFFD (as the SavedModel does in its graph).
+    """
+    if isinstance(sentences, (str, bytes)):
+        raise TypeError(
+            "translate() expects a list of strings; use translator(text) for one. "
+            f"Received: {sentences!r:.80}"
+        )
+    texts = []
+    for i, sentence in enumerate(sentences):
+        if accept_bytes and isinstance(sentence, bytes):
+            sentence = sentence.decode("utf-8", errors="replace")
+        if not isinstance(sentence, str):
+            kinds = "str or bytes" if accept_bytes else "strings"
+            raise TypeError(
+                f"{caller} expects {kinds}; sentence {i} is a {type(sentence).__name__}: "
+                f"{sentence!r:.80}"
+            )
+        texts.append(sentence)
+    return texts
+
+
+def is_blank(text):
+    """True for "" and whitespace-only text (translated to "" without the model)."""
+    return not text.strip()
+
+
+def batches_by_length(lengths, batch_size):
+    """Lists of indices into `lengths`, longest first, at most `batch_size` each.
+
+    Items of length 0 (blank sentences) are in no batch. Sorting by length
+    keeps the padding of each batch small.
+    """
+    order = sorted((i for i, n in enumerate(lengths) if n), key=lambda i: -lengths[i])
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+def run_batches(batches, run, progress=False):
+    """Calls `run(batch)` for each batch of `batches_by_length`, with a progress bar
+    (tqdm, on stderr) counting sentences when `progress`."""
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        total = sum(len(batch) for batch in batches)
+        bar = tqdm(total=total, unit="sentence", desc="translate", leave=False)
+    for batch in batches:
+        run(batch)
+        if bar is not None:
+            bar.update(len(batch))
+    if bar is not None:
+        bar.close()
