@@ -47,6 +47,8 @@ class OnnxTranslator:
         alpha: float >= 0, the length-penalty exponent. None: the default.
         max_extra_length: int >= 0, output tokens allowed beyond the source
             length. None: the default.
+            The settings in use are `translator.search`, a `SearchConfig`:
+            the export's defaults (config.json) with these three replaced.
         batch_size: sentences per graph run.
         providers: onnxruntime execution providers (default CPU).
         intra_op_num_threads: onnxruntime threads (0 = one per core).
@@ -99,18 +101,6 @@ class OnnxTranslator:
         options.log_severity_level = 3
         options.register_custom_ops_library(onnxruntime_extensions.get_library_path())
         self.session = ort.InferenceSession(path, options, providers=list(providers))
-
-    @property
-    def beam_size(self):
-        return self.search.beam_size
-
-    @property
-    def alpha(self):
-        return self.search.alpha
-
-    @property
-    def max_extra_length(self):
-        return self.search.max_extra_length
 
     def _feeds(self, beam_size=None, alpha=None, max_extra_length=None):
         """The graph's optional inputs, checked; None takes the translator's setting."""

@@ -98,18 +98,6 @@ class Translator:
             model, **self.search.to_dict(), jit_compile=jit_compile
         )
 
-    @property
-    def beam_size(self):
-        return self.search.beam_size
-
-    @property
-    def alpha(self):
-        return self.search.alpha
-
-    @property
-    def max_extra_length(self):
-        return self.search.max_extra_length
-
     @classmethod
     def from_preset(cls, work_dir, **kwargs):
         """The `Translator` of a trained work directory: its model and its tokenizer.
@@ -196,5 +184,4 @@ class Translator:
             sentences: list of str.
             progress: bool. Show a progress bar (tqdm, on stderr).
         """
-        sentences = frontend.check_sentences(sentences, "Translator")
         return self.decode(self.translate_ids(self.encode(sentences), progress=progress))

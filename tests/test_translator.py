@@ -142,7 +142,7 @@ def test_from_preset_loads_a_work_directory(tokenizer, tmp_path):
         np.testing.assert_array_equal(a, b)
     sentences = ["the cat sat", "guten morgen"]
     translator = Translator.from_preset(work_dir, beam_size=2, max_extra_length=4)
-    assert translator.beam_size == 2
+    assert translator.search.beam_size == 2
     assert translator(sentences) == Translator(model, tokenizer, beam_size=2, max_extra_length=4)(
         sentences
     )
