@@ -134,3 +134,76 @@ def test_other_flattenings_are_left_alone(contracted_axis):
     """Contracting any axis but the last is not a broadcast MatMul: no rewrite."""
     model = _tensordot_model(contracted_axis)
     assert onnx_passes.fold_flattening_matmuls(model.graph) == 0
+
+
+def _split_heads_model(shape_of):
+    """MatMul(x (B, T, 8), w) split to (B, T, 2, 4) and "merged" to (B, T, 8), as tf2onnx writes it.
+
+    The split reads dims 0 and 1 of `Shape(shape_of)` (Slice), the merge
+    dims 0 and 1 of `Shape(x)` (Gather), each with Casts around them.
+    """
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["projected"]),
+        helper.make_node("Shape", [shape_of], ["shape64"]),
+        helper.make_node("Cast", ["shape64"], ["shape"], to=TensorProto.INT32),
+        helper.make_node("Slice", ["shape", "zero", "two", "zero"], ["leading"]),
+        helper.make_node("Concat", ["leading", "heads"], ["split32"], axis=0),
+        helper.make_node("Cast", ["split32"], ["split"], to=TensorProto.INT64),
+        helper.make_node("Reshape", ["projected", "split"], ["heads_out"]),
+        helper.make_node("Shape", ["x"], ["x_shape64"]),
+        helper.make_node("Cast", ["x_shape64"], ["x_shape"], to=TensorProto.INT32),
+        helper.make_node("Gather", ["x_shape", "free"], ["free_dims"], axis=0),
+        helper.make_node("Concat", ["free_dims", "units"], ["merge32"], axis=0),
+        helper.make_node("Cast", ["merge32"], ["merge"], to=TensorProto.INT64),
+        helper.make_node("Reshape", ["projected", "merge"], ["merged"]),
+        helper.make_node("Relu", ["merged"], ["activated"]),
+    ]
+    rng = np.random.default_rng(3)
+    graph = helper.make_graph(
+        nodes,
+        "split_heads",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "T", 8]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, ["B", "T", 8])],
+        [helper.make_tensor_value_info("heads_out", TensorProto.FLOAT, ["B", "T", 2, 4]),
+         helper.make_tensor_value_info("activated", TensorProto.FLOAT, ["B", "T", 8])],
+        [numpy_helper.from_array(np.array([0], np.int32), "zero"),
+         numpy_helper.from_array(np.array([2], np.int32), "two"),
+         numpy_helper.from_array(np.array([2, 4], np.int32), "heads"),
+         numpy_helper.from_array(np.array([0, 1], np.int32), "free"),
+         numpy_helper.from_array(np.array([8], np.int32), "units"),
+         numpy_helper.from_array(rng.normal(size=(8, 8)).astype(np.float32), "w")],
+    )  # fmt: skip
+    return _model(graph)
+
+
+def _reshape_targets(model):
+    constants = {t.name: numpy_helper.to_array(t).tolist() for t in model.graph.initializer}
+    return [constants.get(n.input[1]) for n in model.graph.node if n.op_type == "Reshape"]
+
+
+def test_reshape_shapes_copied_from_the_input_become_constants():
+    model = _split_heads_model(shape_of="x")
+    feeds = {
+        name: np.random.default_rng(4).normal(size=(3, 5, 8)).astype(np.float32)
+        for name in ("x", "z")
+    }
+    expected = _run(model, feeds)
+    shapes = onnx_passes._ranks(model)
+    assert onnx_passes.static_reshape_shapes(model.graph, shapes) == 2
+    assert onnx_passes.prune(model.graph) > 0
+    onnx.checker.check_model(model, full_check=True)
+    # The split copies B and T with 0; the merge to (B, T, 8) of a (B, T, 8) product is gone.
+    assert _reshape_targets(model) == [[0, 0, 2, 4]]
+    left = {n.op_type for n in model.graph.node}
+    assert not {"Shape", "Gather", "Slice", "Concat", "Cast"} & left
+    got = _run(model, feeds)
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(g, e)
+
+
+def test_shapes_of_other_tensors_stay_dynamic():
+    """z has x's declared shape, but nothing in the graph proves its dims equal x's."""
+    model = _split_heads_model(shape_of="z")
+    shapes = onnx_passes._ranks(model)
+    assert onnx_passes.static_reshape_shapes(model.graph, shapes) == 1  # only the merge
+    assert _reshape_targets(model)[0] is None  # the split still reads Shape(z)
