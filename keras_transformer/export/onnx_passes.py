@@ -258,8 +258,9 @@ def _copied_dims(part, producers, constants):
 def _same_leading_dims(data, producers, constants, shapes):
     """Tensors whose dimensions other than the last equal those of `data`.
 
-    `data` itself, and through `MatMul(x, W)` with a constant matrix `W`,
-    `x` (of the same rank, at least 2), and so on back.
+    `data` itself, and through `MatMul(x, W)` with a matrix `W` (rank 2:
+    ONNX MatMul keeps all but the last dimension of x), `x` (of the same
+    rank, at least 2), and so on back.
     """
     same = {data}
     rank = shapes.get(data, (None, None))[0]
