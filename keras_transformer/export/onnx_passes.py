@@ -315,12 +315,12 @@ def static_reshape_shapes(graph, shapes, outer_constants=None):
             if copied is None:
                 break
             source, dims = copied
-            limit = rank if source == data else (rank or 0) - 1
+            if rank is None or source not in same:
+                break
+            copyable = rank if source == data else rank - 1  # a MatMul changes the last dim
             if (
-                source not in same
-                or rank is None
-                or dims != list(range(len(target), len(target) + len(dims)))
-                or any(d >= limit for d in dims)
+                dims != list(range(len(target), len(target) + len(dims)))
+                or max(dims, default=-1) >= copyable
             ):
                 break
             target += [0] * len(dims)
@@ -390,6 +390,7 @@ def simplify(model):
         "loop_invariants_hoisted": hoist_loop_invariants(model.graph),
         "matmuls_unflattened": fold_flattening_matmuls(model.graph, shapes=_ranks(model)),
     }
+    # Shapes inferred again: an unflattened MatMul's output has the rank of its input now.
     counts["reshapes_made_static"] = static_reshape_shapes(model.graph, _ranks(model))
     counts["nodes_pruned"] = prune(model.graph)
     return counts
