@@ -56,6 +56,19 @@ def parse_args(argv=None):
         help="multiplier of the paper's learning-rate curve (1.0 in the paper)",
     )
     parser.add_argument(
+        "--sentence-repeats",
+        type=int,
+        help="full-sentence training pairs (capitalized, 3+ words, ending in . ! ?) this many "
+        "times per pass over the data (default: the preset's; 1: once)",
+    )
+    parser.add_argument(
+        "--cooldown",
+        type=float,
+        help="share of the budget (--max-train-minutes, or epochs x steps) at the end over "
+        "which the learning rate decays linearly to 0 (0: the paper's curve to the end; "
+        "default: the preset's)",
+    )
+    parser.add_argument(
         "--dtype-policy",
         choices=["float32", "mixed_bfloat16", "mixed_float16"],
         help="precision of training (mixed: float32 variables, saved model is float32); "

@@ -27,9 +27,16 @@ def paper_loss(pad_id=0, label_smoothing=LABEL_SMOOTHING):
     return LabelSmoothedCrossEntropy(label_smoothing=label_smoothing, pad_id=pad_id)
 
 
-def paper_optimizer(d_model, warmup_steps=WARMUP_STEPS, learning_rate_scale=1.0):
-    """Adam(0.9, 0.98, 1e-9) on `TransformerSchedule(d_model, warmup_steps, scale)`."""
+def paper_optimizer(d_model, warmup_steps=WARMUP_STEPS, learning_rate_scale=1.0, settable=False):
+    """Adam(0.9, 0.98, 1e-9) on `TransformerSchedule(d_model, warmup_steps, scale)`.
+
+    `settable=True` gives Adam a plain learning-rate variable, starting at the
+    schedule's first value, for a callback that sets it every step
+    (`callbacks.Cooldown`): Keras cannot set a rate that is a schedule.
+    """
     schedule = TransformerSchedule(d_model, warmup_steps=warmup_steps, scale=learning_rate_scale)
+    if settable:
+        return keras.optimizers.Adam(float(schedule(0)), **ADAM)
     return keras.optimizers.Adam(schedule, **ADAM)
 
 
@@ -38,6 +45,7 @@ def compile_with_paper_recipe(
     warmup_steps=WARMUP_STEPS,
     learning_rate_scale=1.0,
     label_smoothing=LABEL_SMOOTHING,
+    settable_learning_rate=False,
     **compile_kwargs,
 ):
     """Compiles a `Transformer` with the paper's optimizer, schedule, loss and metric.
@@ -47,6 +55,8 @@ def compile_with_paper_recipe(
         warmup_steps: of `TransformerSchedule` (4000 in the paper).
         learning_rate_scale: `scale` of `TransformerSchedule` (1.0 in the paper).
         label_smoothing: of `LabelSmoothedCrossEntropy` (0.1 in the paper).
+        settable_learning_rate: a plain rate variable instead of the schedule,
+            for `callbacks.Cooldown` (`paper_optimizer`'s `settable`).
         **compile_kwargs: passed on to `model.compile` (`jit_compile`,
             `steps_per_execution`...).
 
@@ -62,7 +72,9 @@ def compile_with_paper_recipe(
     """
     config = model.config
     model.compile(
-        optimizer=paper_optimizer(config.d_model, warmup_steps, learning_rate_scale),
+        optimizer=paper_optimizer(
+            config.d_model, warmup_steps, learning_rate_scale, settable=settable_learning_rate
+        ),
         loss=paper_loss(config.pad_id, label_smoothing),
         metrics=[MaskedAccuracy(pad_id=config.pad_id)],
         **compile_kwargs,

@@ -24,6 +24,7 @@ import numpy as np
 
 from keras_transformer import run_record, workdir
 from keras_transformer.callbacks import (
+    Cooldown,
     LearningRateLogger,
     PhaseTimer,
     TerminateOnNaN,
@@ -42,6 +43,7 @@ from keras_transformer.evaluation import make_translate_fn, score, score_multi
 from keras_transformer.hardware import configure_threads, default_dtype_policy, describe_cpu
 from keras_transformer.model import Transformer
 from keras_transformer.recipe import compile_with_paper_recipe, paper_loss
+from keras_transformer.schedules import TransformerSchedule
 from keras_transformer.training_config import (  # noqa: F401  (re-exported)
     DTYPE_POLICIES,
     TRAINING_DEFAULTS,
@@ -254,6 +256,7 @@ def prepare_inputs(config, machine, finished=None):
         load_translation_data,
         make_dataset,
         plan_statistics,
+        repeat_sentences,
         tokenize_split,
     )
 
@@ -273,11 +276,14 @@ def prepare_inputs(config, machine, finished=None):
 
     # Every split is tokenized once; batches are assembled on the host.
     tokenize_start = time.time()
+    # The vocabulary is the corpus's; repeated sentences only weigh the batches.
+    splits = {
+        "train": repeat_sentences(data.splits["train"], config.sentence_repeats),
+        "validation": data.splits["validation"],
+    }
     tokenized = {
-        split: tokenize_split(
-            data.splits[split], tokenizer, model_config.max_length, eos_id=model_config.eos_id
-        )
-        for split in ("train", "validation")
+        split: tokenize_split(pairs, tokenizer, model_config.max_length, eos_id=model_config.eos_id)
+        for split, pairs in splits.items()
     }
     tokenize_seconds = time.time() - tokenize_start
     input_timer = InputTimer()
@@ -298,12 +304,13 @@ def prepare_inputs(config, machine, finished=None):
         pack=config.pack,
     )  # fmt: skip
     logger.info(
-        "Tokenized %d train pairs (%d longer than %d dropped) in %.0fs. Batches of ~%d tokens: "
-        "%.0f sentences, %.0f source + %.0f target real tokens, padding share %.1f%%, "
-        "%d batches per pass over the data",
-        len(tokenized["train"]), tokenized["train"].dropped, model_config.max_length,
-        tokenize_seconds, config.batch_tokens, stats["batch_size"], stats["source_tokens"],
-        stats["target_tokens"], 100 * stats["padding_share"], stats["batches"],
+        "Tokenized %d train pairs (full sentences %d times; %d longer than %d dropped) in %.0fs. "
+        "Batches of ~%d tokens: %.0f sentences, %.0f source + %.0f target real tokens, padding "
+        "share %.1f%%, %d batches per pass over the data",
+        len(tokenized["train"]), config.sentence_repeats, tokenized["train"].dropped,
+        model_config.max_length, tokenize_seconds, config.batch_tokens, stats["batch_size"],
+        stats["source_tokens"], stats["target_tokens"], 100 * stats["padding_share"],
+        stats["batches"],
     )  # fmt: skip
     return Inputs(
         data, model_config, tokenizer, train_ds, val_ds, stats, input_timer, tokenize_seconds
@@ -380,6 +387,7 @@ def build_model(config, machine, model_config, finished=None):
             model,
             warmup_steps=config.warmup_steps,
             learning_rate_scale=config.learning_rate_scale,
+            settable_learning_rate=config.cooldown > 0,  # `Cooldown` sets it
             jit_compile=machine.jit_compile,
         )
         if finished is not None:
@@ -392,8 +400,11 @@ def build_model(config, machine, model_config, finished=None):
 # --------------------------------------------------------------------------- fit
 
 
-def make_callbacks(config, machine, inputs):
-    """`(callbacks, phases, validation_bleu)`: the callbacks of `fit`, in their order."""
+def make_callbacks(config, machine, inputs, initial_step=0):
+    """`(callbacks, phases, validation_bleu)`: the callbacks of `fit`, in their order.
+
+    `initial_step`: the optimizer's step when this run began (`--init-from`'s last).
+    """
     validation_pairs = []
     if config.validation_bleu_every:
         validation_pairs = inputs.data.pairs("validation", limit=config.validation_bleu_samples)
@@ -406,6 +417,21 @@ def make_callbacks(config, machine, inputs):
         phases,
         keras.callbacks.BackupAndRestore(out.backup),
         TerminateOnNaN(),
+    ]
+    if config.cooldown:  # after BackupAndRestore: it reads the restored step
+        schedule = TransformerSchedule(
+            inputs.model_config.d_model, config.warmup_steps, config.learning_rate_scale
+        )
+        callbacks.append(
+            Cooldown(
+                schedule,
+                config.cooldown,
+                minutes=config.max_train_minutes,
+                total_steps=config.epochs * config.steps,
+                initial_step=initial_step,
+            )
+        )
+    callbacks += [
         LearningRateLogger(),
         validation_bleu,  # before TensorBoard, which then logs its values
         keras.callbacks.ModelCheckpoint(out.checkpoint_pattern, save_weights_only=True),
@@ -424,7 +450,8 @@ def make_callbacks(config, machine, inputs):
 
 def fit(model, config, machine, inputs, finished, wall_start):
     """`model.fit` with the run's callbacks; returns what the run record needs."""
-    callbacks, phases, validation_bleu = make_callbacks(config, machine, inputs)
+    initial_step = finished.steps if finished is not None else 0
+    callbacks, phases, validation_bleu = make_callbacks(config, machine, inputs, initial_step)
     init_from = None
     if finished is not None:
         init_from = {

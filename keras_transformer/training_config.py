@@ -58,6 +58,8 @@ COMMON_DEFAULTS = dict(
     validation_every=1,  # validation loss every epoch
     test_samples=0,  # all test pairs
     max_train_minutes=None,  # no time budget
+    cooldown=0.0,  # the paper's schedule to the end
+    sentence_repeats=1,  # every training pair once per pass
 )
 
 
@@ -98,6 +100,7 @@ class TrainingConfig:
     data_dir: str | None = None  # folder of parallel text files (overrides `dataset`)
     direction: str | None = None  # "de-en", "en-de"...; None: the corpus order
     ding_path: str | None = None  # the Ding dictionary file
+    sentence_repeats: int | None = None  # full-sentence pairs this many times per pass
 
     # How long and how.
     epochs: int | None = None
@@ -105,6 +108,7 @@ class TrainingConfig:
     batch_tokens: int | None = None  # about this many tokens per batch and side
     warmup_steps: int | None = None  # of `TransformerSchedule`
     learning_rate_scale: float | None = None  # `scale` of `TransformerSchedule`
+    cooldown: float | None = None  # last share of the budget with a linear decay to 0; 0: none
     dtype_policy: str | None = None  # None: mixed_bfloat16 on native-bf16 CPUs, else float32
     max_train_minutes: float | None = None  # stop at the first step past it; 0: after one
     logical_devices: int | None = None  # split the CPU into N devices for MirroredStrategy
@@ -126,7 +130,8 @@ class TrainingConfig:
 
     def __post_init__(self):
         positive = ("epochs", "steps", "batch_tokens", "warmup_steps", "vocab_size",
-                    "logical_devices", "average_last", "beam_size", "validation_every")  # fmt: skip
+                    "logical_devices", "average_last", "beam_size", "validation_every",
+                    "sentence_repeats")  # fmt: skip
         for name in positive:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or value <= 0):
@@ -145,6 +150,8 @@ class TrainingConfig:
                 f"max_train_minutes must be >= 0. Received: max_train_minutes="
                 f"{self.max_train_minutes}"
             )
+        if self.cooldown is not None and not 0.0 <= self.cooldown <= 1.0:
+            raise ValueError(f"cooldown must be in [0, 1]. Received: cooldown={self.cooldown}")
         if self.dtype_policy is not None and self.dtype_policy not in DTYPE_POLICIES:
             raise ValueError(
                 f"dtype_policy must be one of {DTYPE_POLICIES}. "

@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_transformer.callbacks import ValidationEpochs
+from keras_transformer.callbacks import Cooldown, ValidationEpochs
 
 pytestmark = pytest.mark.multibackend
 
@@ -55,3 +55,50 @@ def test_validation_epochs_every_n_and_the_last(every, epochs, stop_at, expected
     )  # fmt: skip
     assert seen.epochs == expected
     assert len(history.history["val_loss"]) == len(expected)
+
+
+def _schedule(step):
+    return 0.01 * (1 + step % 7)  # varies with the step, so a stale step shows
+
+
+def _cooldown_fit(cooldown, epochs=2, rows=20):
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, use_bias=False)])
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+    model.layers[0].kernel.assign(np.array([[0.5], [-0.2], [1.0]], "float32"))
+    x, y = np.ones((rows, 3), "float32"), np.zeros((rows, 1), "float32")
+    model.fit(x, y, batch_size=4, epochs=epochs, shuffle=False, verbose=0, callbacks=[cooldown])
+    return model
+
+
+def test_cooldown_steps_take_the_schedule_then_a_linear_decay_to_zero():
+    # 10 steps, the last half a cooldown: factors 1, 1, 1, 1, 1, 1, .8, .6, .4, .2.
+    # JAX sets the rate every `jax_every` steps; the others every step.
+    every = 3 if keras.backend.backend() == "jax" else 1
+    model = _cooldown_fit(Cooldown(_schedule, 0.5, total_steps=10, jax_every=3))
+    # Replay SGD on mean((x @ w)^2) with x = 1: every weight moves by 2 * lr * sum(w).
+    w = np.array([0.5, -0.2, 1.0])
+    for step in range(10):
+        set_at = step - step % every
+        rate = _schedule(set_at) * min((1 - set_at / 10) / 0.5, 1.0)
+        w = w - 2 * rate * w.sum()
+    kernel = keras.ops.convert_to_numpy(model.layers[0].kernel)[:, 0]
+    np.testing.assert_allclose(kernel, w, rtol=1e-5)
+    # The optimizer kept the last rate set (no stale copy of its state wrote over it).
+    last = 9 - 9 % every
+    expected = _schedule(last) * min((1 - last / 10) / 0.5, 1.0)
+    assert float(keras.ops.convert_to_numpy(model.optimizer.learning_rate)) == pytest.approx(
+        expected, rel=1e-6
+    )
+
+
+def test_cooldown_needs_a_settable_rate_and_a_budget():
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(schedule), loss="mse")
+    x, y = np.ones((8, 3), "float32"), np.zeros((8, 1), "float32")
+    with pytest.raises(ValueError, match="settable_learning_rate=True"):
+        model.fit(x, y, epochs=1, verbose=0, callbacks=[Cooldown(_schedule, 0.2, total_steps=4)])
+    with pytest.raises(ValueError, match="needs a budget"):
+        Cooldown(_schedule, 0.2)
+    with pytest.raises(ValueError, match="fraction must be in"):
+        Cooldown(_schedule, 0.0, total_steps=4)

@@ -15,6 +15,7 @@ from keras_transformer.data import (
     load_translation_data,
     make_dataset,
     plan_statistics,
+    repeat_sentences,
     tokenize_split,
 )
 from keras_transformer.data.ding_builder import DingDeEn
@@ -367,3 +368,27 @@ def test_packed_dataset_has_the_packing_features(corpus):
         features, labels = next(ds.as_numpy_iterator())
         assert set(features) == {"source_ids", "target_ids", *PACKING_KEYS}
         assert labels.shape == features["target_ids"].shape
+
+
+def test_repeat_sentences_repeats_exactly_the_ding_full_sentences():
+    pairs = [
+        ("Er ist vor der Abfahrt angekommen.", "He arrived before the departure."),
+        ("Über alles in der Welt!", "Above everything in the world!"),
+        ("Wie geht es dir?", "How are you doing?"),
+        ("er ist angekommen.", "He has arrived."),  # not capitalized
+        ("Er kam an.", "He arrived"),  # no final punctuation
+        ("Geh weg!", "Go away!"),  # two words
+        ("Abfahrt", "departure"),
+        ("Ärger mit dem Chef.", "Trouble with the boss."),
+    ]
+    dataset = tf.data.Dataset.from_tensor_slices(([s for s, _ in pairs], [t for _, t in pairs]))
+    repeated = [
+        (s.decode(), t.decode()) for s, t in repeat_sentences(dataset, 3).as_numpy_iterator()
+    ]
+    sentences = [pair for pair in pairs if ding.is_sentence(*pair)]
+    assert len(sentences) == 4  # the graph's test is `ding.is_sentence`, on both sides
+    assert repeated[: len(pairs)] == pairs
+    assert repeated[len(pairs) :] == sentences * 2
+    assert repeat_sentences(dataset, 1) is dataset
+    with pytest.raises(ValueError, match="times must be an integer >= 1"):
+        repeat_sentences(dataset, 0)

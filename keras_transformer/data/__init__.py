@@ -8,7 +8,11 @@ from keras_transformer.data.pipeline import (
     plan_statistics,
     tokenize_split,
 )
-from keras_transformer.data.sources import TranslationData, load_translation_data
+from keras_transformer.data.sources import (
+    TranslationData,
+    load_translation_data,
+    repeat_sentences,
+)
 from keras_transformer.data.vocabulary import get_tokenizer, load_tokenizer, train_vocabulary
 
 __all__ = [
@@ -21,6 +25,7 @@ __all__ = [
     "load_translation_data",
     "make_dataset",
     "plan_statistics",
+    "repeat_sentences",
     "tokenize_split",
     "train_vocabulary",
 ]
