@@ -114,7 +114,14 @@ def parse_args(argv=None):
         help="compile the training step with XLA (default: on one CPU device in float32 "
         "with packed rows, where it was measured faster)",
     )
-    parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument(
+        "--beam-size", type=int, help="beam of the test decode and the exports (default: 4)"
+    )
+    parser.add_argument(
+        "--alpha",
+        type=float,
+        help="length penalty of the test decode and the exports (default: 1.0 for cpu, else 0.6)",
+    )
     parser.add_argument("--no-export", dest="export", action="store_false")
     return parser.parse_args(argv)
 

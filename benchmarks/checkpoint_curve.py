@@ -54,32 +54,45 @@ def evaluate(translate, test_pairs, accepted=None, sentences=()):
     return result
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    from keras_transformer.averaging import average_checkpoints, checkpoint_paths
-    from keras_transformer.data import load_translation_data
-    from keras_transformer.evaluation import make_translate_fn
-    from keras_transformer.training import load_trained
+def evaluation_set(work_dir, info, split="test", samples=1000, ding_path=None):
+    """`(pairs, accepted, sentences)`: the first `samples` pairs of a finished run's split.
 
-    model, tokenizer, info = load_trained(args.work_dir)
+    For Ding also every accepted translation of each pair and the indices of
+    its full sentences (else None and []); `samples=0`: all.
+    """
+    from keras_transformer.data import load_translation_data
+
     name = info["data"]["name"]  # "ding", a TFDS name or "folder:PATH"
     folder = name[len("folder:") :] if name.startswith("folder:") else None
     data = load_translation_data(
         "ding" if folder else name,
         data_dir=folder,
         direction=info["data"].get("direction"),
-        tfds_data_dir=os.path.join(args.work_dir, "tfds"),
-        ding_path=args.ding_path,
+        tfds_data_dir=os.path.join(work_dir, "tfds"),
+        ding_path=ding_path,
     )
-    samples = args.test_samples if args.test_samples is not None else 1000
-    test_pairs = data.pairs("test", limit=samples or None)
+    pairs = data.pairs(split, limit=samples or None)
     accepted, sentences = None, []
     if data.info["name"] == "ding":
         from keras_transformer.data import ding
 
-        path = args.ding_path or ding.DEFAULT_CORPUS_PATH
-        accepted = ding.accepted_references(test_pairs, ding.accepted_translations(path))
-        sentences = [i for i, (s, t) in enumerate(test_pairs) if ding.is_sentence(s, t)]
+        path = ding_path or ding.DEFAULT_CORPUS_PATH
+        accepted = ding.accepted_references(pairs, ding.accepted_translations(path))
+        sentences = [i for i, (s, t) in enumerate(pairs) if ding.is_sentence(s, t)]
+    return pairs, accepted, sentences
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from keras_transformer.averaging import average_checkpoints, checkpoint_paths
+    from keras_transformer.evaluation import make_translate_fn
+    from keras_transformer.training import load_trained
+
+    model, tokenizer, info = load_trained(args.work_dir)
+    samples = args.test_samples if args.test_samples is not None else 1000
+    test_pairs, accepted, sentences = evaluation_set(
+        args.work_dir, info, "test", samples, args.ding_path
+    )
     metrics = info["metrics"]
     translate = make_translate_fn(
         model, tokenizer, beam_size=metrics["beam_size"], alpha=metrics["alpha"]

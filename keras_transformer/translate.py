@@ -31,11 +31,12 @@ def parse_args(argv=None):
     parser.add_argument(
         "--beam-size",
         type=int,
-        default=PAPER.beam_size,
-        help=f"1 runs greedy search (default {PAPER.beam_size})",
+        help=f"1 runs greedy search (default: the run's, from run.json, else {PAPER.beam_size})",
     )
     parser.add_argument(
-        "--alpha", type=float, default=PAPER.alpha, help=f"length penalty (default {PAPER.alpha})"
+        "--alpha",
+        type=float,
+        help=f"length penalty (default: the run's, from run.json, else {PAPER.alpha})",
     )
     parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch")
     parser.add_argument(
@@ -90,6 +91,7 @@ def main(argv=None):
         batch_size=args.batch_size,
         max_extra_length=args.max_extra_length,
         jit_compile=args.jit_compile,
+        search=workdir.read_search(args.work_dir),  # the flags given replace its settings
     )
     if args.input == "-":
         lines = sys.stdin.read().splitlines()

@@ -103,7 +103,9 @@ class Translator:
         """The `Translator` of a trained work directory: its model and its tokenizer.
 
         `Translator.from_preset("work", beam_size=4)`; `kwargs` go to
-        `Translator` (search and batching). Architecture presets have no
+        `Translator` (search and batching). The search defaults to the run's
+        (`workdir.search_of`: its test decode's beam and alpha), as the
+        exports do. Architecture presets have no
         tokenizer and no weights: use `Transformer.from_preset(name)` for them.
         """
         from keras_transformer import workdir
@@ -117,6 +119,7 @@ class Translator:
                     "--work-dir DIR`). Received: work_dir={work_dir!r}"
                 )
             workdir.check(work_dir, finished=False)  # names what is missing
+        kwargs.setdefault("search", workdir.read_search(work_dir))
         return cls(workdir.load_model(work_dir), workdir.load_tokenizer(work_dir), **kwargs)
 
     def __call__(self, sentences, progress=False):

@@ -150,6 +150,23 @@ def check(work_dir, finished=True):
     return run_info
 
 
+def search_of(run_info):
+    """The run's search: the beam size and alpha of its test decode (`run.json`
+    `metrics`), else the paper's. What the exports bake in as their defaults
+    and what `Translator.from_preset(work_dir)` and the translate command use,
+    so every path translates a work directory alike."""
+    from keras_transformer.search import PAPER
+
+    metrics = (run_info or {}).get("metrics") or {}
+    return PAPER.replace(beam_size=metrics.get("beam_size"), alpha=metrics.get("alpha"))
+
+
+def read_search(work_dir):
+    """`search_of` the run record of `work_dir`; the paper's search where it has none."""
+    work = WorkDir(work_dir)
+    return search_of(work.read_run_record() if os.path.isfile(work.run_record) else None)
+
+
 def load_model(work_dir):
     """The trained `Transformer` of `work_dir` (`model.keras`, loaded uncompiled)."""
     import keras

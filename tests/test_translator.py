@@ -155,3 +155,24 @@ def test_from_preset_loads_a_work_directory(tokenizer, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no trained model"):
         Translator.from_preset(str(tmp_path / "empty"))
+
+
+def test_a_work_directory_translates_with_its_runs_search(tokenizer, tmp_path, capsys):
+    # run.json's test-decode settings are the default of Translator.from_preset
+    # and of the translate command, as of the exports (`workdir.search_of`).
+    from keras_transformer import translate, workdir
+
+    model = tiny_model()
+    work_dir = _work_dir(tmp_path, model, tokenizer)
+    run_info = {"preset": "tiny", "metrics": {"beam_size": 3, "alpha": 1.0}}
+    (tmp_path / "run.json").write_text(json.dumps(run_info))
+    assert workdir.read_search(work_dir) == PAPER.replace(beam_size=3, alpha=1.0)
+    assert Translator.from_preset(work_dir).search == PAPER.replace(beam_size=3, alpha=1.0)
+    assert Translator.from_preset(work_dir, beam_size=1).search.alpha == 1.0  # flags replace
+    sentences = ["the cat sat", "guten morgen"]
+    (tmp_path / "input.txt").write_text("\n".join(sentences) + "\n")
+    assert translate.main(["--work-dir", work_dir, "--input", str(tmp_path / "input.txt")]) == 0
+    expected = Translator(model, tokenizer, beam_size=3, alpha=1.0)(sentences)
+    assert capsys.readouterr().out.split("\n") == expected + [""]
+    (tmp_path / "run.json").unlink()  # no run record: the paper's search
+    assert workdir.read_search(work_dir) == PAPER

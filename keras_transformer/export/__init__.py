@@ -129,7 +129,8 @@ def default_name(run_info):
 
 
 def export_after_training(work_dir, run_info, output_dir="saved_models", formats=FORMATS):
-    """What `training.run()` calls at the end: `export_all` with the run's name and search.
+    """What `training.run()` calls at the end: `export_all` with the run's name and search
+    (`workdir.search_of`).
 
     The exporters trace the model with TensorFlow; after training under JAX
     or torch they run in a `KERAS_BACKEND=tensorflow` subprocess
@@ -141,12 +142,10 @@ def export_after_training(work_dir, run_info, output_dir="saved_models", formats
     """
     import keras
 
-    metrics = run_info.get("metrics") or {}
-    search = {k: metrics[k] for k in ("beam_size", "alpha") if metrics.get(k) is not None}
     name = default_name(run_info)
     if keras.backend.backend() == "tensorflow":
-        return export_all(work_dir, output_dir=output_dir, name=name, search=search,
-                          formats=formats)  # fmt: skip
+        return export_all(work_dir, output_dir=output_dir, name=name,
+                          search=workdir.search_of(run_info), formats=formats)  # fmt: skip
     import subprocess
     import sys
 
@@ -155,8 +154,7 @@ def export_after_training(work_dir, run_info, output_dir="saved_models", formats
     command = [
         sys.executable, "-m", "keras_transformer.export", "--work-dir", work_dir,
         "--output-dir", output_dir, "--name", name, "--version", str(version),
-        "--formats", ",".join(formats),
-        *(f"--{key.replace('_', '-')}={value}" for key, value in search.items()),
+        "--formats", ",".join(formats),  # the search: run.json's, as here
     ]  # fmt: skip
     env = dict(os.environ, KERAS_BACKEND="tensorflow")
     result = subprocess.run(command, env=env, capture_output=True, text=True)

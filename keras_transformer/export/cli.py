@@ -3,6 +3,7 @@
 import argparse
 import logging
 
+from keras_transformer import workdir
 from keras_transformer.export import FORMATS
 from keras_transformer.search import PAPER
 
@@ -51,12 +52,9 @@ def main(formats, description, argv=None):
         run_info = check_work_dir(args.work_dir)
     except (FileNotFoundError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
-    metrics = run_info.get("metrics") or {}
     # The flags, else the run's test-decode settings, else the paper's.
     try:
-        search = PAPER.replace(
-            beam_size=metrics.get("beam_size"), alpha=metrics.get("alpha")
-        ).replace(beam_size=args.beam_size, alpha=args.alpha)
+        search = workdir.search_of(run_info).replace(beam_size=args.beam_size, alpha=args.alpha)
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None
     try:
