@@ -156,8 +156,7 @@ class TrainingConfig:
                 f"max_train_minutes must be >= 0. Received: max_train_minutes="
                 f"{self.max_train_minutes}"
             )
-        if self.alpha is not None and not self.alpha >= 0:
-            raise ValueError(f"alpha must be >= 0. Received: alpha={self.alpha}")
+        PAPER.replace(beam_size=self.beam_size, alpha=self.alpha)  # `SearchConfig`'s checks
         if self.cooldown is not None and not 0.0 <= self.cooldown <= 1.0:
             raise ValueError(f"cooldown must be in [0, 1]. Received: cooldown={self.cooldown}")
         if self.dtype_policy is not None and self.dtype_policy not in DTYPE_POLICIES:

@@ -55,7 +55,7 @@ def test_given_values_survive_resolution_and_config_is_a_value():
     [("epochs", 0), ("steps", -1), ("batch_tokens", 0), ("warmup_steps", 0),
      ("learning_rate_scale", 0.0), ("max_train_minutes", -1.0), ("average_last", 0),
      ("test_samples", -1), ("dtype_policy", "float16"), ("preset", "huge"), ("cooldown", 1.5),
-     ("cooldown", -0.1), ("sentence_repeats", 0), ("alpha", -1.0)],
+     ("cooldown", -0.1), ("sentence_repeats", 0), ("alpha", -1.0), ("beam_size", 0)],
 )  # fmt: skip
 def test_bad_values_are_named(field, value):
     with pytest.raises(ValueError, match=field):
