@@ -2,9 +2,12 @@
 
     python benchmarks/checkpoint_curve.py --work-dir work --every 3
     python benchmarks/checkpoint_curve.py --work-dir work --epochs 3,6,9 --test-samples 1000
+    python benchmarks/checkpoint_curve.py --work-dir work --epochs 24,30,36 --average 3
 
 For every chosen epoch checkpoint of `WORK/checkpoints/` (and the final,
-possibly averaged `model.keras`), translates the same first test pairs as
+possibly averaged `model.keras`), or the mean of it and the checkpoints
+before it (`--average K`: what a run stopped there would have averaged),
+translates the same first test pairs as
 the run's own test evaluation (beam search as `run.json` records it) and
 scores them: sacreBLEU / chrF against the single reference, for Ding also
 against every accepted translation and on the full sentences alone. The
@@ -31,6 +34,12 @@ def parse_args(argv=None):
     parser.add_argument("--work-dir", default="work")
     parser.add_argument("--epochs", help="comma-separated epoch numbers (default: --every)")
     parser.add_argument("--every", type=int, default=3, help="every N-th epoch checkpoint")
+    parser.add_argument(
+        "--average",
+        type=int,
+        default=1,
+        help="score the mean of each chosen checkpoint and the K-1 before it (default 1: alone)",
+    )
     parser.add_argument(
         "--test-samples", type=int, help="first N test pairs (default: as the run decoded)"
     )
@@ -84,6 +93,8 @@ def evaluation_set(work_dir, info, split="test", samples=1000, ding_path=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.average < 1:
+        raise SystemExit(f"--average must be >= 1. Received: --average {args.average}")
     from keras_transformer.averaging import average_checkpoints, checkpoint_paths
     from keras_transformer.evaluation import make_translate_fn
     from keras_transformer.training import load_trained
@@ -100,19 +111,22 @@ def main(argv=None):
     steps_per_epoch = info["training"]["steps_per_epoch"]
     minutes = {point["step"]: point["minutes"] for point in info.get("curve", [])}
 
-    rows = []
-    final = evaluate(translate, test_pairs, accepted, sentences)  # model.keras first
     paths = checkpoint_paths(args.work_dir)
     if args.epochs:
-        wanted = {int(e) for e in args.epochs.split(",")}
+        wanted = sorted({int(e) for e in args.epochs.split(",")})
     else:
-        wanted = set(range(args.every, len(paths) + 1, args.every))
-    for epoch, path in enumerate(paths, start=1):
-        if epoch not in wanted:
-            continue
-        average_checkpoints(model, [path])
+        wanted = list(range(args.every, len(paths) + 1, args.every))
+    missing = [epoch for epoch in wanted if not 1 <= epoch <= len(paths)]
+    if missing:
+        raise SystemExit(f"No checkpoint of epochs {missing}: the run wrote {len(paths)}.")
+
+    rows = []
+    final = evaluate(translate, test_pairs, accepted, sentences)  # model.keras first
+    for epoch in wanted:
+        average_checkpoints(model, paths[max(0, epoch - args.average) : epoch])
         step = epoch * steps_per_epoch
         row = {"epoch": epoch, "step": step, "minutes": minutes.get(step)}
+        row["averaged"] = min(args.average, epoch)
         row.update(evaluate(translate, test_pairs, accepted, sentences))
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -133,11 +147,9 @@ def main(argv=None):
     print("| checkpoint | steps | minutes | chrF | BLEU | chrF, all references | chrF, sentences |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:
-        name = (
-            f"epoch {row['epoch']}"
-            if row["epoch"] != "final"
-            else (f"final (average of {row['averaged']})")
-        )
+        averaged = f" (average of {row['averaged']})" if row["averaged"] > 1 else ""
+        name = f"epoch {row['epoch']}" if row["epoch"] != "final" else "final"
+        name += averaged
         multi = row.get("test_all_references", {}).get("chrf")
         sentence = row.get("test_sentences", {}).get("chrf")
         mins = f"{row['minutes']:.1f}" if row["minutes"] is not None else "-"
