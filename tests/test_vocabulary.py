@@ -243,3 +243,15 @@ def test_onnxruntime_extensions_round_trip_with_the_same_ids(onnx_results, proce
     assert not any(UNK_ID in row for row in onnx_results["ids"])
     assert onnx_results["text"] == EXPECTED_TEXT
     assert not any("⁇" in text for text in onnx_results["text"])
+
+
+@pytest.mark.parametrize("count", [0, 1, 7, 8, 10_001])
+def test_the_vocabulary_reads_the_first_lines_side_by_side(count):
+    """The batched reader gives the lines of a one-line-per-element `flat_map`, in order."""
+    from keras_transformer.data.vocabulary import _lines
+
+    pairs = as_dataset(number_pairs(5_000))
+    reference = pairs.flat_map(
+        lambda source, target: tf.data.Dataset.from_tensor_slices(tf.stack([source, target]))
+    ).take(count)
+    assert list(_lines(pairs, count)) == list(reference.as_numpy_iterator())
