@@ -47,6 +47,13 @@ def parse_args(argv=None):
         "below 200k pairs)",
     )
     parser.add_argument(
+        "--fused-attention",
+        action=argparse.BooleanOptionalAction,
+        help="attention through keras.ops.dot_product_attention (cuDNN / flash kernels on "
+        "GPUs where the backend has them; the same results, tests/test_attention.py); "
+        "default: off",
+    )
+    parser.add_argument(
         "--logical-devices", type=int, help="split the CPU into N devices for MirroredStrategy"
     )
     parser.add_argument("--warmup-steps", type=int, help="learning-rate warm-up steps")
@@ -150,7 +157,7 @@ def main(argv=None):
     # Third-party INFO lines and, in a log file, the frames of TFDS's progress
     # bars (about 30) say nothing the run's own lines do not.
     hardware.quiet_third_party_loggers()
-    if not sys.stderr.isatty():
+    if not sys.stderr.isatty() and hardware.importable("tensorflow_datasets"):
         import tensorflow_datasets as tfds
 
         tfds.disable_progress_bar()

@@ -99,13 +99,14 @@ class Pairs:
 
 
 def tokenize(string_pairs, processor, max_length, eos_id):
-    """`tf.data` `(source, target)` strings -> `Pairs`, pairs longer than `max_length` dropped."""
+    """A list of `(source, target)` strings -> `Pairs`, pairs longer than `max_length` dropped."""
     import numpy as np
 
     source, target, dropped = [], [], 0
-    for sources, targets in string_pairs.batch(4096).as_numpy_iterator():
-        source_pieces = processor.encode([s.decode("utf-8") for s in sources])
-        target_pieces = processor.encode([t.decode("utf-8") for t in targets])
+    for start in range(0, len(string_pairs), 4096):
+        chunk = string_pairs[start : start + 4096]
+        source_pieces = processor.encode([s for s, _ in chunk])
+        target_pieces = processor.encode([t for _, t in chunk])
         for s, t in zip(source_pieces, target_pieces, strict=True):
             if len(s) + 1 > max_length or len(t) + 1 > max_length:
                 dropped += 1
@@ -474,7 +475,7 @@ def run(args):
     train_pairs = tokenize(data.splits["train"], processor, config.max_length, config.eos_id)
     validation = data.splits["validation"]
     if args.val_pairs:
-        validation = validation.take(args.val_pairs)
+        validation = validation[: args.val_pairs]
     val_pairs = tokenize(validation, processor, config.max_length, config.eos_id)
     val_batches = [
         pad_batch(val_pairs, batch, config.bos_id, config.eos_id, config.pad_id)

@@ -3,12 +3,19 @@
 The public names below are imported on first use (PEP 562), not when the
 package is imported: `keras_transformer.onnx_translator` runs with
 onnxruntime alone, in a process where Keras and TensorFlow are not even
-installed. Touching any of them (or importing `keras_transformer.model`)
-imports Keras and registers the package's serializable classes, which
-`keras.saving.load_model` needs.
+installed (and must not import TensorFlow: its protobuf clashes with
+onnxruntime-extensions'). The package's Keras classes are registered for
+`keras.saving.load_model` as soon as Keras is imported, before or after
+this package (`_register_when_keras_loads`), as `import keras_hub` does for
+its own: `import keras_transformer` then `keras.saving.load_model("m.keras")`
+reloads a model built from its layers, in a fresh process.
 """
 
 import importlib
+import importlib.abc
+import importlib.util
+import logging
+import sys
 
 __version__ = "0.1.0"
 
@@ -41,6 +48,48 @@ def register_keras_classes():
     """
     for module in sorted(set(_EXPORTS.values())):
         importlib.import_module(module)
+
+
+class _AfterKerasLoads(importlib.abc.MetaPathFinder):
+    """Finds `keras` as Python would and registers this package's classes once
+    its module has run; then leaves `sys.meta_path`."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "keras":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_register(module):
+            exec_module(module)
+            _register_quietly()
+
+        spec.loader.exec_module = exec_then_register
+        return spec
+
+
+def _register_quietly():
+    try:
+        register_keras_classes()
+    except Exception as error:  # a broken backend must not break `import keras`
+        logging.getLogger(__name__).warning(
+            "keras_transformer's Keras classes are not registered (%s: %s); call "
+            "keras_transformer.register_keras_classes() before keras.saving.load_model.",
+            type(error).__name__, error,
+        )  # fmt: skip
+
+
+def _register_when_keras_loads():
+    if "keras" in sys.modules:
+        _register_quietly()
+    elif not any(isinstance(finder, _AfterKerasLoads) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _AfterKerasLoads())
+
+
+_register_when_keras_loads()
 
 
 def __getattr__(name):

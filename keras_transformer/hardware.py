@@ -96,6 +96,16 @@ def configure_threads(intra_op=None, inter_op=None):
     }
 
 
+def importable(name):
+    """Whether module `name` can be imported here, without importing it."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def tensorflow_log_level():
     """`TF_CPP_MIN_LOG_LEVEL` for a command line, to set before TensorFlow is imported.
 

@@ -13,7 +13,6 @@ export, translation, averaging and attention plots read back.
 
 import contextlib
 import dataclasses
-import importlib.util
 import logging
 import os
 import shutil
@@ -22,7 +21,7 @@ import time
 import keras
 import numpy as np
 
-from keras_transformer import run_record, workdir
+from keras_transformer import calibration, run_record, workdir
 from keras_transformer.callbacks import (
     Cooldown,
     LearningRateLogger,
@@ -40,7 +39,12 @@ from keras_transformer.distribution import (
     make_strategy,
 )
 from keras_transformer.evaluation import make_translate_fn, score, score_multi
-from keras_transformer.hardware import configure_threads, default_dtype_policy, describe_cpu
+from keras_transformer.hardware import (
+    configure_threads,
+    default_dtype_policy,
+    describe_cpu,
+    importable,
+)
 from keras_transformer.model import Transformer
 from keras_transformer.recipe import compile_with_paper_recipe, paper_loss
 from keras_transformer.schedules import TransformerSchedule
@@ -66,7 +70,10 @@ class Machine:
     num_replicas: int
     is_chief: bool
     out: workdir.WorkDir  # the work directory, or a worker's beside it
-    jit_compile: bool  # the training step compiled with XLA
+    jit_compile: bool | None  # the training step compiled with XLA; None: to calibrate
+    has_gpu: bool = False
+    candidates: tuple = ()  # `calibration.Candidate`s to time when more than one
+    calibration: dict | None = None  # what `calibrate` measured or read (run.json)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +83,7 @@ class Inputs:
     data: object  # TranslationData
     model_config: object  # TransformerConfig
     tokenizer: object
+    train_batches: object  # data.Batches of the training split
     train_ds: object
     val_ds: object
     batch_stats: dict
@@ -142,7 +150,7 @@ def run(config=None, /, **options):
     config, finished = _training_config(config, options)
     machine = set_up_machine(config)
     inputs = prepare_inputs(config, machine, finished)
-    model = build_model(config, machine, inputs.model_config, finished)
+    model, machine = calibrated_model(config, machine, inputs, finished)
     fitted = fit(model, config, machine, inputs, finished, wall_start)
     model = _plain_float32(model)
     averaging = average_checkpoints_by_validation(model, config, machine, inputs)
@@ -189,17 +197,17 @@ def _training_config(config, options):
 
 def set_up_machine(config):
     """Threads, CPU, dtype policy, seed, distribution and this task's folder."""
-    threads = configure_threads()  # before TensorFlow runs its first op
     cpu = describe_cpu()
-    logger.info("CPU: %s; TensorFlow threads: %s", cpu["summary"], threads)
-    has_gpu = False
+    threads, has_gpu = {}, False
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
+        threads = configure_threads()  # before TensorFlow runs its first op
         has_gpu = bool(tf.config.list_physical_devices("GPU"))
-    dtype_policy = config.dtype_policy
-    if dtype_policy is None:
-        dtype_policy = "float32" if has_gpu else default_dtype_policy(cpu)
+        logger.info("CPU: %s; TensorFlow threads: %s", cpu["summary"], threads)
+    else:
+        has_gpu = _has_gpu()
+        logger.info("CPU: %s; %s backend", cpu["summary"], keras.backend.backend())
     keras.utils.set_random_seed(config.seed)
 
     strategy, strategy_description = make_strategy(config.logical_devices)
@@ -210,10 +218,19 @@ def set_up_machine(config):
     work = workdir.WorkDir(config.work_dir)
     out = work if is_chief else work.worker(task_name)
     os.makedirs(out.path, exist_ok=True)
-    jit_compile = config.jit_compile
-    if jit_compile is None:
-        jit_compile = use_xla(strategy, dtype_policy, has_gpu, config.pack)
-    logger.info("XLA (jit_compile): %s", jit_compile)
+    options = calibration.candidates(
+        keras.backend.backend(), cpu, has_gpu, multi_device=strategy is not None,
+        pack=config.pack, dtype_policy=config.dtype_policy, jit_compile=config.jit_compile,
+    )  # fmt: skip
+    if len(options) > 1 and is_multi_worker(strategy):
+        # Every worker must train alike; each timing its own steps could disagree.
+        dtype_policy = config.dtype_policy or ("float32" if has_gpu else default_dtype_policy(cpu))
+        jit_compile = bool(config.jit_compile)
+        options = [calibration.Candidate(dtype_policy, jit_compile)]
+    dtype_policy = jit_compile = None
+    if len(options) == 1:
+        dtype_policy, jit_compile = options[0].dtype_policy, options[0].jit_compile
+        logger.info("Precision %s, XLA (jit_compile) %s", dtype_policy, jit_compile)
     return Machine(
         cpu=cpu,
         threads=threads,
@@ -224,41 +241,45 @@ def set_up_machine(config):
         is_chief=is_chief,
         out=out,
         jit_compile=jit_compile,
+        has_gpu=has_gpu,
+        candidates=tuple(options),
     )
 
 
-def use_xla(strategy, dtype_policy, has_gpu, pack):
-    """Whether the training step is compiled with XLA when the user does not say.
+def _has_gpu():
+    """Whether the JAX or torch backend runs on a GPU."""
+    if keras.backend.backend() == "jax":
+        import jax
 
-    Yes for TensorFlow on one CPU device in float32 with packed batches. The
-    step is then 1.24x faster on the 2-core EPYC (`benchmarks/train_throughput.py`,
-    `cpu` preset), and packed batches come in a handful of shapes, each compiled
-    once (bucketed batches would compile dozens). Not under `MirroredStrategy`
-    (XLA fails there on logical CPU devices), not with bf16 on CPU, not on GPU:
-    not measured here.
-    """
-    return (
-        keras.backend.backend() == "tensorflow"
-        and strategy is None
-        and dtype_policy == "float32"
-        and not has_gpu
-        and pack
-    )
+        return jax.default_backend() == "gpu"
+    if keras.backend.backend() == "torch":
+        import torch
+
+        return torch.cuda.is_available()
+    return False
 
 
 # --------------------------------------------------------------------------- data
 
 
 def prepare_inputs(config, machine, finished=None):
-    """Corpus, model config, vocabulary, tokenized splits and their batched datasets."""
+    """Corpus, model config, vocabulary, tokenized splits and their batched datasets.
+
+    One input path on every backend: the pairs are tokenized once per work
+    directory with the `sentencepiece` package (`data.shards`, reused by a
+    resumed or continued run), and `data.Batches` plans and assembles the
+    batches on the host, which `model.fit` reads as a `tf.data` wrapper under
+    TensorFlow and as a `keras.utils.PyDataset` under JAX and torch.
+    """
     from keras_transformer.data import (
+        Batches,
         InputTimer,
         load_translation_data,
         make_dataset,
         plan_statistics,
         repeat_sentences,
-        tokenize_split,
     )
+    from keras_transformer.data.shards import tokenized_splits
 
     data = load_translation_data(
         config.dataset,
@@ -274,17 +295,15 @@ def prepare_inputs(config, machine, finished=None):
     model_config = _model_config(config, data, finished)
     tokenizer = _vocabulary(machine.out, data, model_config, finished)
 
-    # Every split is tokenized once; batches are assembled on the host.
     tokenize_start = time.time()
     # The vocabulary is the corpus's; repeated sentences only weigh the batches.
     splits = {
         "train": repeat_sentences(data.splits["train"], config.sentence_repeats),
         "validation": data.splits["validation"],
     }
-    tokenized = {
-        split: tokenize_split(pairs, tokenizer, model_config.max_length, eos_id=model_config.eos_id)
-        for split, pairs in splits.items()
-    }
+    tokenized, reused = tokenized_splits(
+        machine.out.data, splits, tokenizer, model_config.max_length, model_config.eos_id
+    )
     tokenize_seconds = time.time() - tokenize_start
     input_timer = InputTimer()
     common = dict(
@@ -295,26 +314,28 @@ def prepare_inputs(config, machine, finished=None):
         eos_id=model_config.eos_id,
         pack=config.pack,
     )
-    train_ds = make_dataset(
-        tokenized["train"], tokenizer, training=True, seed=config.seed, timer=input_timer, **common
+    train_batches = Batches(
+        tokenized["train"], training=True, seed=config.seed, timer=input_timer, **common
     )
-    val_ds = make_dataset(tokenized["validation"], tokenizer, training=False, **common)
+    train_ds = make_dataset(train_batches)
+    val_ds = make_dataset(Batches(tokenized["validation"], training=False, **common))
     stats = plan_statistics(
         tokenized["train"], config.batch_tokens, machine.num_replicas, seed=config.seed,
         pack=config.pack,
     )  # fmt: skip
     logger.info(
-        "Tokenized %d train pairs (full sentences %d times; %d longer than %d dropped) in %.0fs. "
+        "%s %d train pairs (full sentences %d times; %d longer than %d dropped) in %.0fs. "
         "Batches of ~%d tokens: %.0f sentences, %.0f source + %.0f target real tokens, padding "
         "share %.1f%%, %d batches per pass over the data",
-        len(tokenized["train"]), config.sentence_repeats, tokenized["train"].dropped,
-        model_config.max_length, tokenize_seconds, config.batch_tokens, stats["batch_size"],
-        stats["source_tokens"], stats["target_tokens"], 100 * stats["padding_share"],
-        stats["batches"],
+        "Read the tokenized" if reused else "Tokenized", len(tokenized["train"]),
+        config.sentence_repeats, tokenized["train"].dropped, model_config.max_length,
+        tokenize_seconds, config.batch_tokens, stats["batch_size"], stats["source_tokens"],
+        stats["target_tokens"], 100 * stats["padding_share"], stats["batches"],
     )  # fmt: skip
     return Inputs(
-        data, model_config, tokenizer, train_ds, val_ds, stats, input_timer, tokenize_seconds
-    )
+        data, model_config, tokenizer, train_batches, train_ds, val_ds, stats, input_timer,
+        tokenize_seconds,
+    )  # fmt: skip
 
 
 def _model_config(config, data, finished):
@@ -327,9 +348,15 @@ def _model_config(config, data, finished):
                 f"--init-from {finished.work.path} keeps its {saved.vocab_size}-piece vocabulary. "
                 f"Received: vocab_size={config.vocab_size}"
             )
-        if config.dropout is None:
-            return saved
-        return dataclasses.replace(saved, dropout=config.dropout)
+        changes = {
+            name: value
+            for name, value in (
+                ("dropout", config.dropout),
+                ("use_fused_attention", config.fused_attention),
+            )
+            if value is not None
+        }
+        return dataclasses.replace(saved, **changes)
     overrides = {}
     if data.info["name"] != "ding":  # the presets' defaults are measured on Ding
         overrides = corpus_defaults(data.info["counts"]["train"], config.preset)
@@ -342,6 +369,8 @@ def _model_config(config, data, finished):
         overrides["vocab_size"] = config.vocab_size
     if config.dropout is not None:
         overrides["dropout"] = config.dropout
+    if config.fused_attention is not None:
+        overrides["use_fused_attention"] = config.fused_attention
     return get_preset(config.preset, **overrides)
 
 
@@ -374,7 +403,7 @@ def _build(model, config):
     model({"source_ids": ids, "target_ids": ids}, training=False)
 
 
-def build_model(config, machine, model_config, finished=None):
+def build_model(config, machine, model_config, finished=None, log=True):
     """The model, built (with `--init-from`'s weights) and compiled with the paper's recipe."""
     scope = machine.strategy.scope() if machine.strategy else contextlib.nullcontext()
     with scope:
@@ -393,8 +422,132 @@ def build_model(config, machine, model_config, finished=None):
         if finished is not None:
             # The schedule goes on where the finished run stopped (no second warm-up).
             model.optimizer.iterations.assign(finished.steps)
-    logger.info("Model: preset %s, %s parameters", config.preset, f"{model.count_params():,}")
+    if log:
+        logger.info("Model: preset %s, %s parameters", config.preset, f"{model.count_params():,}")
     return model
+
+
+def calibrated_model(config, machine, inputs, finished=None, timed_steps=6):
+    """The compiled model, with the precision and XLA setting that trains fastest here.
+
+    With one candidate (`--dtype-policy` and `--jit-compile` given, or
+    nothing to choose on this machine) it is built as is. Otherwise each
+    candidate is built from the same initial weights, checked on the first
+    batch against float32's loss, and timed over `timed_steps` steps after
+    two untimed ones (`calibration.choose`); the fastest is kept, its weights
+    and optimizer put back to where they started, and its traced step is the
+    one `fit` then runs. The choice is cached per machine, model and batch
+    shape (`calibration.cache_path()`).
+
+    Returns:
+        `(model, machine)`, the machine with the chosen `dtype_policy` and
+        `jit_compile` and what was measured in `calibration`.
+    """
+    if len(machine.candidates) <= 1:
+        return build_model(config, machine, inputs.model_config, finished), machine
+    key = calibration.machine_key(
+        cpu=machine.cpu["model"], cores=machine.cpu["cores"], gpu=_gpu_name(machine),
+        backend=keras.backend.backend(), replicas=machine.num_replicas,
+        model=dataclasses.asdict(inputs.model_config), batch_tokens=config.batch_tokens,
+        pack=config.pack, candidates=[c.name for c in machine.candidates],
+    )  # fmt: skip
+    result = calibration.read_cache(key)
+    models = {}
+    if result is None:
+
+        def measure(candidate):
+            keras.utils.set_random_seed(config.seed)  # the same initial weights for all
+            trial = dataclasses.replace(
+                machine, dtype_policy=candidate.dtype_policy, jit_compile=candidate.jit_compile
+            )
+            model = build_model(config, trial, inputs.model_config, finished, log=False)
+            start_state = _training_state(model, machine)
+            models[candidate.name] = (model, start_state)
+            return _measure_steps(model, inputs, timed_steps)
+
+        result = calibration.choose(list(machine.candidates), measure)
+        calibration.write_cache(key, result)
+    logger.info("Calibration: %s", result.summary())
+    machine = dataclasses.replace(
+        machine,
+        dtype_policy=result.choice.dtype_policy,
+        jit_compile=result.choice.jit_compile,
+        calibration=result.to_dict(),
+    )
+    if result.choice.name in models:
+        model, start_state = models[result.choice.name]
+        _restore_training_state(model, start_state)
+        logger.info("Model: preset %s, %s parameters", config.preset, f"{model.count_params():,}")
+    else:
+        keras.utils.set_random_seed(config.seed)
+        model = build_model(config, machine, inputs.model_config, finished)
+    return model, machine
+
+
+def _gpu_name(machine):
+    if not machine.has_gpu:
+        return None
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return jax.devices()[0].device_kind
+    if keras.backend.backend() == "torch":
+        import torch
+
+        return torch.cuda.get_device_name()
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
+
+
+def _training_state(model, machine):
+    """The weights and optimizer variables of a compiled model, as numpy arrays."""
+    scope = machine.strategy.scope() if machine.strategy else contextlib.nullcontext()
+    with scope:
+        if not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+    optimizer = [keras.ops.convert_to_numpy(v) for v in model.optimizer.variables]
+    return model.get_weights(), optimizer
+
+
+def _restore_training_state(model, state):
+    weights, optimizer = state
+    model.set_weights(weights)
+    for variable, value in zip(model.optimizer.variables, optimizer, strict=True):
+        variable.assign(value)
+
+
+class _StepClock(keras.callbacks.Callback):
+    """Seconds of each training step; reads the loss at every step's end, so that
+    a backend that dispatches asynchronously (JAX) has finished the step."""
+
+    def __init__(self):
+        super().__init__()
+        self.seconds = []
+        self._start = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        float(keras.ops.convert_to_numpy(logs["loss"]))
+        self.seconds.append(time.perf_counter() - self._start)
+
+
+def _measure_steps(model, inputs, timed_steps, warmup_steps=2):
+    """`calibration.Measurement`: the median seconds of `timed_steps` training steps
+    after `warmup_steps` (the trace and compile), and the loss of the first batch
+    with the initial weights (no dropout)."""
+    features, labels = inputs.train_batches.batch(0)
+    logits = model(features, training=False)  # eager: no trace of a predict function
+    loss = float(paper_loss(inputs.model_config.pad_id)(labels, logits))
+    clock = _StepClock()
+    model.fit(
+        inputs.train_ds, epochs=1, steps_per_epoch=warmup_steps + timed_steps, verbose=0,
+        callbacks=[clock], shuffle=False,
+    )  # fmt: skip
+    return calibration.Measurement(float(np.median(clock.seconds[warmup_steps:])), loss)
 
 
 # --------------------------------------------------------------------------- fit
@@ -426,7 +579,7 @@ def make_callbacks(config, machine, inputs, initial_step=0):
             Cooldown(
                 schedule,
                 config.cooldown,
-                minutes=config.max_train_minutes,
+                minutes=_training_minutes(config, machine),
                 total_steps=config.epochs * config.steps,
                 initial_step=initial_step,
             )
@@ -436,16 +589,28 @@ def make_callbacks(config, machine, inputs, initial_step=0):
         validation_bleu,  # before TensorBoard, which then logs its values
         keras.callbacks.ModelCheckpoint(out.checkpoint_pattern, save_weights_only=True),
     ]
-    if keras.backend.backend() != "tensorflow" or importlib.util.find_spec("tensorboard"):
+    # Keras's TensorBoard callback writes with `tf.summary` on every backend.
+    if not importable("tensorflow"):
+        logger.info("No TensorBoard logs without TensorFlow; the curves are in run.json.")
+    elif keras.backend.backend() != "tensorflow" or importable("tensorboard"):
         callbacks.append(keras.callbacks.TensorBoard(out.logs))
     else:
         logger.warning(
             "TensorBoard is not installed (`pip install tensorboard`); no logs/ written."
         )
     if config.max_train_minutes is not None:
-        callbacks.append(TimeBudget(config.max_train_minutes))
+        callbacks.append(TimeBudget(_training_minutes(config, machine)))
     callbacks.append(phases.end_marker)  # last
     return callbacks, phases, validation_bleu
+
+
+def _training_minutes(config, machine):
+    """The time budget of `fit`: `--max-train-minutes`, less what this run's
+    calibration took (so that a first run on a machine ends when others do)."""
+    if config.max_train_minutes is None:
+        return None
+    spent = (machine.calibration or {}).get("seconds", 0.0) / 60.0
+    return max(config.max_train_minutes - spent, 0.0)
 
 
 def fit(model, config, machine, inputs, finished, wall_start):
@@ -459,9 +624,7 @@ def fit(model, config, machine, inputs, finished, wall_start):
             "initial_step": finished.steps,
             "finished_val_loss": finished.val_loss,
             "val_loss": validation_loss(
-                model,
-                inputs.val_ds.take(inputs.val_ds.num_batches),
-                inputs.model_config.pad_id,
+                model, inputs.val_ds.evaluation(), inputs.model_config.pad_id
             ),
         }
         logger.info(
@@ -506,7 +669,7 @@ def _plain_float32(model):
 
 def validation_loss(model, batches, pad_id):
     """Token-weighted label-smoothed loss over `batches`, whole validation passes
-    (`list(val_ds.take(val_ds.num_batches))`); the model's compile state is left alone."""
+    (`val_ds.evaluation()`); the model's compile state is left alone."""
     loss_fn = paper_loss(pad_id)
     total = tokens = 0.0
     for features, labels in batches:
@@ -535,7 +698,7 @@ def average_checkpoints_by_validation(model, config, machine, inputs):
     except (FileNotFoundError, ValueError):
         paths = []
     pad_id = inputs.model_config.pad_id
-    batches = list(inputs.val_ds.take(inputs.val_ds.num_batches))
+    batches = inputs.val_ds.evaluation()
     results = {1: validation_loss(model, batches, pad_id)}
     best_k, best_weights = 1, model.get_weights()
     for k in (2, 3, 5, 8, 13, 21):
@@ -616,6 +779,13 @@ def export(work, run_info, wall_start):
     export time goes into run.json."""
     from keras_transformer.export import export_after_training
 
+    if not (importable("tensorflow") and importable("tensorflow_text")):
+        logger.warning(
+            "No export: the SavedModel and ONNX exporters trace the model with TensorFlow "
+            "and TensorFlow Text, which are not installed here. On a machine that has them: "
+            "python -m keras_transformer.export --work-dir %s", work.path,
+        )  # fmt: skip
+        return
     export_start = time.time()
     export_after_training(work.path, run_info)
     run_info["timing"]["export_seconds"] = time.time() - export_start

@@ -35,6 +35,7 @@ CHECKPOINT_NAME = re.compile(r"^epoch_(\d+)\.weights\.h5$")  # 3 digits or more
 BACKUP = "backup"
 LOGS = "logs"
 TFDS = "tfds"
+DATA = "data"
 WORKERS = "workers"
 
 # What a trained work directory must hold to be loaded or exported.
@@ -85,6 +86,11 @@ class WorkDir:
     @property
     def logs(self):
         return self._join(LOGS)
+
+    @property
+    def data(self):
+        """The tokenized splits of the run (`data.shards`)."""
+        return self._join(DATA)
 
     @property
     def tfds(self):
@@ -183,13 +189,11 @@ def load_model(work_dir):
 
 
 def load_tokenizer(work_dir):
-    """A keras-hub `SentencePieceTokenizer` of `work_dir`'s `vocab.model` (int32 ids)."""
-    import keras_hub
+    """The `data.vocabulary.SentencePieceTokenizer` of `work_dir`'s `vocab.model`
+    (the `sentencepiece` package: no TensorFlow needed)."""
+    from keras_transformer.data.vocabulary import SentencePieceTokenizer
 
-    path = WorkDir(work_dir).vocabulary
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"No SentencePiece model at {path}")
-    return keras_hub.tokenizers.SentencePieceTokenizer(proto=path, dtype="int32")
+    return SentencePieceTokenizer(WorkDir(work_dir).vocabulary)
 
 
 def load(work_dir, finished=False):

@@ -7,9 +7,13 @@ torch (`make test` runs them with `KERAS_BACKEND=jax` and `=torch`).
 """
 
 import os
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+# The calibration's cache (keras_transformer.calibration), for this process and
+# the commands tests run: one per test session, not the user's.
+os.environ["KERAS_TRANSFORMER_CACHE"] = tempfile.mkdtemp(prefix="keras-transformer-cache-")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -22,6 +26,11 @@ if keras.backend.backend() == "tensorflow":
     tf.config.set_logical_device_configuration(
         _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2
     )
+
+
+# Put on a subprocess's PYTHONPATH by tests/test_without_tensorflow.py; imported
+# here (as --doctest-modules would), it would hide TensorFlow from this process.
+collect_ignore = ["without_tensorflow"]
 
 
 @pytest.fixture(autouse=True)

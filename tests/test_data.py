@@ -8,14 +8,16 @@ import tensorflow as tf
 from translation_fixtures import number_pairs, write_parallel_folder
 
 from keras_transformer.data import (
+    Batches,
+    PyDataset,
     bucket_sizes,
     ding,
     get_tokenizer,
     load_tokenizer,
     load_translation_data,
-    make_dataset,
     plan_statistics,
     repeat_sentences,
+    to_tf_dataset,
     tokenize_split,
 )
 from keras_transformer.data.ding_builder import DingDeEn
@@ -197,6 +199,25 @@ def test_tfds_dataset_by_name_with_a_fake_registry(tmp_path, monkeypatch):
         load_translation_data("no_such_dataset_xyz", tfds_data_dir=tfds_dir)
 
 
+def test_ding_without_tfds_reads_the_tfds_builders_pairs_in_its_order(tmp_path):
+    """`load_translation_data("ding")` parses the dictionary itself (no TFDS):
+    its splits, in order, are what the TFDS builder writes, so the held-out
+    sets stay the same first pairs across the change."""
+    corpus, _ = _write_ding_fixture(tmp_path)
+    builder = DingDeEn(corpus_path=corpus, data_dir=str(tmp_path / "tfds"))
+    builder.download_and_prepare()
+    data = load_translation_data("ding", ding_path=str(corpus))
+    for split in ("train", "validation", "test"):
+        stored = [
+            (x["de"].decode(), x["en"].decode())
+            for x in builder.as_dataset(split=split, shuffle_files=False).as_numpy_iterator()
+        ]
+        assert data.pairs(split) == stored, split
+        assert data.info["counts"][split] == len(stored)
+    flipped = load_translation_data("ding", ding_path=str(corpus), direction="en-de")
+    assert flipped.pairs("test") == [(e, g) for g, e in data.pairs("test")]
+
+
 @pytest.fixture(scope="module")
 def corpus_folder(tmp_path_factory):
     folder = write_parallel_folder(
@@ -209,9 +230,6 @@ def corpus_folder(tmp_path_factory):
 
 @pytest.fixture
 def corpus(corpus_folder):
-    # Function-scoped: `keras.utils.set_random_seed` (the autouse fixture) resets
-    # TensorFlow's eager context, which frees the SentencePiece resource of any
-    # tokenizer created before it.
     data = load_translation_data(data_dir=str(corpus_folder))
     return data, load_tokenizer(str(corpus_folder / "vocab.model")), corpus_folder
 
@@ -219,26 +237,38 @@ def corpus(corpus_folder):
 def test_vocabulary_round_trips_text_and_reserves_special_ids(corpus):
     data, tokenizer, folder = corpus
     texts = [t for pair in data.pairs("test") for t in pair]
-    ids = tokenizer(texts)
-    decoded = [t.decode() if isinstance(t, bytes) else t for t in tokenizer.detokenize(ids)]
-    assert decoded == texts
-    assert [tokenizer.id_to_token(i) for i in range(4)] == ["<pad>", "<unk>", "<s>", "</s>"]
-    import sentencepiece
-
-    processor = sentencepiece.SentencePieceProcessor(model_file=str(folder / "vocab.model"))
-    assert processor.encode(texts) == [list(row) for row in ids]
+    ids = tokenizer.tokenize(texts)
+    assert tokenizer.detokenize(ids) == texts
+    pieces = [tokenizer.processor.id_to_piece(i) for i in range(4)]
+    assert pieces == ["<pad>", "<unk>", "<s>", "</s>"]
     with pytest.raises(ValueError, match="has 64 pieces but vocab_size=80"):
         get_tokenizer(str(folder / "vocab.model"), data.splits["train"], vocab_size=80)
+
+
+def test_training_tokenizer_gives_the_exported_graphs_ids(corpus):
+    """Training tokenizes with the `sentencepiece` package, the SavedModel and
+    translate.onnx with TF Text's op on the same file: the same ids and text."""
+    from keras_transformer.data.vocabulary import load_keras_hub_tokenizer
+
+    data, tokenizer, folder = corpus
+    graph = load_keras_hub_tokenizer(str(folder / "vocab.model"))
+    texts = [t for pair in data.pairs("train")[:100] for t in pair] + ["Ünïcödé ⁇ 🏠 漢字"]
+    ids = tokenizer.tokenize(texts)
+    assert [[int(i) for i in row] for row in graph.tokenize(texts)] == ids
+    graph_texts = [t.decode() if isinstance(t, bytes) else t for t in graph.detokenize(ids)]
+    assert tokenizer.detokenize(ids) == graph_texts
+
+
+def _batches(split, **kwargs):
+    return Batches(split, **{"max_length": 12, "batch_tokens": 96, **kwargs})
 
 
 @pytest.mark.parametrize("num_replicas", [1, 2])
 def test_batches_respect_token_budget_and_shift_targets(corpus, num_replicas):
     data, tokenizer, _ = corpus
     batch_tokens, max_length = 96, 12
-    ds = make_dataset(
-        data.splits["train"], tokenizer, max_length=max_length, batch_tokens=batch_tokens,
-        num_replicas=num_replicas, seed=0,
-    )  # fmt: skip
+    split = tokenize_split(data.splits["train"], tokenizer, max_length=max_length)
+    ds = to_tf_dataset(_batches(split, num_replicas=num_replicas, seed=0))
     assert ds.element_spec[1].dtype == tf.int32
     for features, labels in ds.take(30).as_numpy_iterator():
         source, target = features["source_ids"], features["target_ids"]
@@ -258,7 +288,7 @@ def test_evaluation_batches_are_the_plan_in_order_every_pass(corpus):
 
     data, tokenizer, _ = corpus
     split = tokenize_split(data.splits["validation"], tokenizer, max_length=12)
-    ds = make_dataset(split, tokenizer, max_length=12, batch_tokens=96, training=False)
+    ds = to_tf_dataset(_batches(split, training=False))
     plan = plan_batches(split, 96)
     assert ds.num_batches == len(plan)
     passes = list(ds.take(2 * len(plan)).as_numpy_iterator())
@@ -267,6 +297,71 @@ def test_evaluation_batches_are_the_plan_in_order_every_pass(corpus):
         np.testing.assert_array_equal(got[0]["source_ids"], features["source_ids"])
         np.testing.assert_array_equal(got[0]["target_ids"], features["target_ids"])
         np.testing.assert_array_equal(got[1], labels)
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_tf_dataset_and_py_dataset_give_the_same_batches(corpus, pack):
+    """The two wrappers of one `Batches`: the same arrays in the same order, over
+    several passes of the data, and `batch(i)` rebuilds the i-th of the stream."""
+    data, tokenizer, _ = corpus
+    split = tokenize_split(data.splits["train"], tokenizer, max_length=12)
+    passes = 3 * len(_batches(split, seed=7, pack=pack).training_pass(0))
+    tf_batches = list(to_tf_dataset(_batches(split, seed=7, pack=pack)).take(passes))
+    py_dataset = PyDataset(_batches(split, seed=7, pack=pack))
+    assert py_dataset.num_batches is None  # endless
+    fresh = _batches(split, seed=7, pack=pack)
+    for index in (passes - 1, 0, passes // 2):  # any order: rebuilt from the index alone
+        np.testing.assert_array_equal(fresh.batch(index)[1], tf_batches[index][1].numpy())
+    for index, (features, labels) in enumerate(tf_batches):
+        py_features, py_labels = py_dataset[index]
+        assert set(py_features) == set(features)
+        for name in features:
+            np.testing.assert_array_equal(py_features[name], features[name].numpy())
+        np.testing.assert_array_equal(py_labels, labels.numpy())
+    other_seed = to_tf_dataset(_batches(split, seed=8, pack=pack)).take(passes)
+    assert any(
+        a[1].shape != b[1].shape or (a[1].numpy() != b[1].numpy()).any()
+        for a, b in zip(tf_batches, other_seed, strict=True)
+    )
+    validation = tokenize_split(data.splits["validation"], tokenizer, max_length=12)
+    tf_evaluation = to_tf_dataset(_batches(validation, training=False, pack=pack)).evaluation()
+    py_evaluation = PyDataset(_batches(validation, training=False, pack=pack))
+    assert len(py_evaluation) == len(tf_evaluation)
+    for (a, a_labels), (b, b_labels) in zip(tf_evaluation, py_evaluation, strict=True):
+        np.testing.assert_array_equal(a_labels, b_labels)
+        np.testing.assert_array_equal(a["source_ids"], b["source_ids"])
+
+
+def test_too_few_pairs_for_a_training_batch_is_an_error(corpus):
+    data, tokenizer, _ = corpus
+    split = tokenize_split(data.splits["train"][:2], tokenizer, max_length=12)
+    batches = _batches(split, batch_tokens=48 * 12, pack=True)
+    with pytest.raises(ValueError, match="2 training pairs make no whole batch"):
+        batches.batch(0)
+
+
+def test_tokenized_splits_are_written_once_and_remade_when_their_pairs_change(corpus, tmp_path):
+    from keras_transformer.data.shards import tokenized_splits
+
+    data, tokenizer, _ = corpus
+    splits = {"train": data.splits["train"], "validation": data.splits["validation"]}
+    made, reused = tokenized_splits(tmp_path, splits, tokenizer, 12, 3)
+    assert not reused
+    again, reused = tokenized_splits(tmp_path, splits, tokenizer, 12, 3)
+    assert reused
+    for name in splits:
+        for field in ("source", "source_offsets", "target", "target_offsets", "lengths"):
+            np.testing.assert_array_equal(getattr(again[name], field), getattr(made[name], field))
+        assert again[name].dropped == made[name].dropped
+    np.testing.assert_array_equal(
+        made["train"].source,
+        tokenize_split(splits["train"], tokenizer, 12).source,
+    )
+    changed = dict(splits, train=splits["train"][:-1])
+    remade, reused = tokenized_splits(tmp_path, changed, tokenizer, 12, 3)
+    assert not reused and len(remade["train"]) == len(made["train"]) - 1
+    _, reused = tokenized_splits(tmp_path, changed, tokenizer, 16, 3)  # another max_length
+    assert not reused
 
 
 def test_bucket_sizes_reject_budget_below_longest_pair():
@@ -360,11 +455,9 @@ def test_packed_dataset_has_the_packing_features(corpus):
     from keras_transformer.layers.masks import PACKING_KEYS
 
     data, tokenizer, _ = corpus
+    split = tokenize_split(data.splits["validation"], tokenizer, max_length=12)
     for training in (True, False):
-        ds = make_dataset(
-            data.splits["validation"], tokenizer, max_length=12, batch_tokens=96,
-            training=training, pack=True,
-        )  # fmt: skip
+        ds = to_tf_dataset(_batches(split, training=training, pack=True))
         features, labels = next(ds.as_numpy_iterator())
         assert set(features) == {"source_ids", "target_ids", *PACKING_KEYS}
         assert labels.shape == features["target_ids"].shape
@@ -381,14 +474,9 @@ def test_repeat_sentences_repeats_exactly_the_ding_full_sentences():
         ("Abfahrt", "departure"),
         ("Ärger mit dem Chef.", "Trouble with the boss."),
     ]
-    dataset = tf.data.Dataset.from_tensor_slices(([s for s, _ in pairs], [t for _, t in pairs]))
-    repeated = [
-        (s.decode(), t.decode()) for s, t in repeat_sentences(dataset, 3).as_numpy_iterator()
-    ]
-    sentences = [pair for pair in pairs if ding.is_sentence(*pair)]
-    assert len(sentences) == 4  # the graph's test is `ding.is_sentence`, on both sides
+    repeated = repeat_sentences(pairs, 3)
     assert repeated[: len(pairs)] == pairs
-    assert repeated[len(pairs) :] == sentences * 2
-    assert repeat_sentences(dataset, 1) is dataset
+    assert repeated[len(pairs) :] == [pairs[i] for i in (0, 1, 2, 7)] * 2
+    assert repeat_sentences(pairs, 1) is pairs
     with pytest.raises(ValueError, match="times must be an integer >= 1"):
-        repeat_sentences(dataset, 0)
+        repeat_sentences(pairs, 0)

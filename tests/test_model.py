@@ -204,3 +204,23 @@ def test_packed_inputs_need_every_packing_key(model):
     partial = {k: v for k, v in features.items() if k != "target_positions"}
     with pytest.raises(ValueError, match="missing \\['target_positions'\\]"):
         model(partial)
+
+
+@pytest.mark.multibackend
+@pytest.mark.parametrize("packed", [False, True])
+def test_fused_attention_model_equals_the_explicit_one(model, packed):
+    """`use_fused_attention` (`keras.ops.dot_product_attention`, cuDNN / flash
+    kernels where the backend has them) gives the explicit softmax's logits,
+    with padding, causal and packed-row segment masks (`train.py --fused-attention`)."""
+    fused = Transformer.from_preset("tiny", dropout=0.0, use_fused_attention=True)
+    fused.build()
+    fused.set_weights(model.get_weights())
+    if packed:
+        (features, _), _ = _packed_batch(model)
+        real = features["target_segment_ids"] > 0
+    else:
+        features = {"source_ids": SOURCE, "target_ids": TARGET}
+        real = np.ones(TARGET.shape, bool)
+    expected = _np(compiled(model, lambda inputs: model(inputs))(features))
+    got = _np(compiled(fused, lambda inputs: fused(inputs))(features))
+    np.testing.assert_allclose(got[real], expected[real], atol=ATOL)

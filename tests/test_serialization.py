@@ -187,3 +187,50 @@ def test_keras_file_saved_under_tensorflow_loads_under_jax_and_torch(tmp_path):
     assert expected.shape == (2, 4, 100)
     for backend in loaders:
         np.testing.assert_allclose(np.load(tmp_path / f"{backend}.npy"), expected, atol=1e-5)
+
+
+_SAVE_USER_MODEL = """
+import numpy as np, keras
+from keras_transformer.layers import DecoderLayer, EncoderLayer, PositionalEncoding
+source = keras.Input((None,), dtype="int32")
+target = keras.Input((None,), dtype="int32")
+embed = keras.layers.Embedding(50, 16)
+encoded = EncoderLayer(d_model=16, num_heads=2, d_ff=32)(PositionalEncoding()(embed(source)))
+decoded = DecoderLayer(d_model=16, num_heads=2, d_ff=32)(PositionalEncoding()(embed(target)), encoded)
+model = keras.Model([source, target], keras.layers.Dense(50)(decoded))
+ids = np.array([[4, 5, 6, 7], [8, 9, 10, 11]], "int32")
+np.save("{dir}/expected_{backend}.npy", keras.ops.convert_to_numpy(model([ids, ids[:, :3]])))
+model.save("{dir}/user_{backend}.keras")
+"""
+
+# Only `import keras_transformer`, as a user would: before Keras, or after it.
+_LOAD_USER_MODEL = """
+import numpy as np
+{imports}
+model = keras.saving.load_model("{dir}/user_{backend}.keras")
+ids = np.array([[4, 5, 6, 7], [8, 9, 10, 11]], "int32")
+np.save("{dir}/reloaded_{backend}.npy", keras.ops.convert_to_numpy(model([ids, ids[:, :3]])))
+"""
+
+
+@pytest.mark.parametrize(
+    "backend, imports",
+    [
+        ("tensorflow", "import keras_transformer\nimport keras"),
+        ("jax", "import keras\nimport keras_transformer"),
+        ("torch", "import keras_transformer\nimport keras"),
+    ],
+)
+def test_a_model_of_the_public_layers_reloads_after_import_keras_transformer(
+    tmp_path, backend, imports
+):
+    """A user's functional model of `EncoderLayer`, `DecoderLayer` and
+    `PositionalEncoding`, saved in one process, reloads in a fresh one that
+    imports only `keras_transformer` (and Keras), on every backend."""
+    _finish(_start(_SAVE_USER_MODEL, backend, tmp_path), backend)
+    _finish(_start(_LOAD_USER_MODEL.replace("{imports}", imports), backend, tmp_path), backend)
+    np.testing.assert_allclose(
+        np.load(tmp_path / f"reloaded_{backend}.npy"),
+        np.load(tmp_path / f"expected_{backend}.npy"),
+        atol=1e-6,
+    )

@@ -6,9 +6,9 @@ none of which it has seen. With byte fallback those characters become UTF-8
 byte pieces (`<0xF0>` ...), never `<unk>` (id 1, detokenized as " ⁇ "), and
 the three implementations of the same model give the same ids and text:
 
-- keras-hub's `SentencePieceTokenizer` (TF Text ops: training and the
-  SavedModel, through `encode_sentences` / `decode_ids`);
-- the `sentencepiece` package (`onnx_translator.py`);
+- keras-hub's `SentencePieceTokenizer` (TF Text ops: the SavedModel,
+  through `encode_sentences` / `decode_ids`);
+- the `sentencepiece` package (training, `Translator`, `onnx_translator.py`);
 - onnxruntime-extensions' `SentencepieceTokenizer` / `SentencepieceDecoder`
   custom ops, run in a subprocess that never imports TensorFlow: creating an
   onnxruntime session with those ops in a process that has imported
@@ -34,6 +34,7 @@ import tensorflow as tf
 from translation_fixtures import number_pairs
 
 from keras_transformer.data import load_tokenizer, train_vocabulary
+from keras_transformer.data.vocabulary import load_keras_hub_tokenizer
 from keras_transformer.export.saved_model import decode_ids, encode_sentences
 
 PAD_ID, UNK_ID, EOS_ID = 0, 1, 3
@@ -80,8 +81,7 @@ def ascii_pairs():
 
 
 def as_dataset(pairs):
-    sources, targets = zip(*pairs, strict=True)
-    return tf.data.Dataset.from_tensor_slices((list(sources), list(targets)))
+    return list(pairs)
 
 
 @pytest.fixture(scope="module")
@@ -215,9 +215,11 @@ def test_sentencepiece_round_trips_through_byte_pieces(processor):
 def test_keras_hub_round_trips_in_graph_and_eagerly(vocab_path, processor):
     # The tokenizer is made here, not in a module fixture: the autouse seed
     # fixture resets TensorFlow's eager context, which frees its resource.
-    tokenizer = load_tokenizer(vocab_path)
+    tokenizer = load_keras_hub_tokenizer(vocab_path)
     eager_ids = [list(row) for row in tokenizer(SENTENCES)]
-    assert eager_ids == processor.encode(SENTENCES)
+    assert (
+        eager_ids == processor.encode(SENTENCES) == load_tokenizer(vocab_path).tokenize(SENTENCES)
+    )
     eager_text = [
         t.decode() if isinstance(t, bytes) else t for t in tokenizer.detokenize(eager_ids)
     ]
@@ -247,11 +249,9 @@ def test_onnxruntime_extensions_round_trip_with_the_same_ids(onnx_results, proce
 
 @pytest.mark.parametrize("count", [0, 1, 7, 8, 10_001])
 def test_the_vocabulary_reads_the_first_lines_side_by_side(count):
-    """The batched reader gives the lines of a one-line-per-element `flat_map`, in order."""
+    """The reader gives the first `count` lines side by side, in order, as UTF-8."""
     from keras_transformer.data.vocabulary import _lines
 
-    pairs = as_dataset(number_pairs(5_000))
-    reference = pairs.flat_map(
-        lambda source, target: tf.data.Dataset.from_tensor_slices(tf.stack([source, target]))
-    ).take(count)
-    assert list(_lines(pairs, count)) == list(reference.as_numpy_iterator())
+    pairs = number_pairs(5_000)
+    reference = [line.encode() for pair in pairs for line in pair][:count]
+    assert list(_lines(pairs, count)) == reference

@@ -1,10 +1,11 @@
-"""Corpora, the shared vocabulary and the tf.data input pipeline."""
+"""Corpora, the shared vocabulary and the input pipeline (numpy; no TensorFlow needed)."""
 
+from keras_transformer.data.datasets import PyDataset, make_dataset, to_tf_dataset
 from keras_transformer.data.pipeline import (
+    Batches,
     InputTimer,
     TokenizedSplit,
     bucket_sizes,
-    make_dataset,
     plan_statistics,
     tokenize_split,
 )
@@ -13,10 +14,18 @@ from keras_transformer.data.sources import (
     load_translation_data,
     repeat_sentences,
 )
-from keras_transformer.data.vocabulary import get_tokenizer, load_tokenizer, train_vocabulary
+from keras_transformer.data.vocabulary import (
+    SentencePieceTokenizer,
+    get_tokenizer,
+    load_tokenizer,
+    train_vocabulary,
+)
 
 __all__ = [
+    "Batches",
     "InputTimer",
+    "PyDataset",
+    "SentencePieceTokenizer",
     "TokenizedSplit",
     "TranslationData",
     "bucket_sizes",
@@ -26,6 +35,7 @@ __all__ = [
     "make_dataset",
     "plan_statistics",
     "repeat_sentences",
+    "to_tf_dataset",
     "tokenize_split",
     "train_vocabulary",
 ]

@@ -1,5 +1,10 @@
 """Input pipeline: tokenize a split once, then batch by length on the host.
 
+Numpy only, on every backend: `Batches` plans and assembles the batches of
+one split; `keras_transformer.data.datasets` hands the same batches to
+`model.fit` as a `keras.utils.PyDataset` (JAX, torch) or a thin `tf.data`
+wrapper (TensorFlow, where `MirroredStrategy` distributes a dataset).
+
 Each element is `({"source_ids": (B, S), "target_ids": (B, T)}, labels (B, T))`,
 int32, padded with 0 (pad_id):
 
@@ -28,9 +33,6 @@ import logging
 import time
 
 import numpy as np
-import tensorflow as tf
-
-from keras_transformer.layers.masks import PACKING_KEYS
 
 logger = logging.getLogger(__name__)
 
@@ -61,37 +63,37 @@ def _flat(rows):
     lengths = np.fromiter((len(row) for row in rows), dtype=np.int64, count=len(rows))
     offsets = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    flat = np.concatenate(rows).astype(np.int32) if rows else np.zeros(0, np.int32)
+    flat = np.fromiter(
+        (token for row in rows for token in row), dtype=np.int32, count=int(lengths.sum())
+    )
     return flat, offsets, lengths
 
 
 def tokenize_split(pairs, tokenizer, max_length, eos_id=3, batch_size=4096):
-    """Tokenizes a split of `(source, target)` strings once, in graph, batched.
+    """Tokenizes a split of `(source, target)` strings once, in batches.
 
     Args:
-        pairs: `tf.data.Dataset` of `(source, target)` scalar strings.
-        tokenizer: a `keras_hub` tokenizer (in-graph, TensorFlow Text ops).
+        pairs: list of `(source, target)` strings.
+        tokenizer: a `keras_transformer.data.SentencePieceTokenizer` (or any
+            tokenizer whose `tokenize(list of str)` returns lists of ids).
         max_length: int. Pairs whose source + EOS or BOS + target is longer are dropped.
         eos_id: appended to every source.
 
     Returns:
         `TokenizedSplit`.
     """
-    tokenized = pairs.batch(batch_size).map(
-        lambda s, t: (tokenizer(s), tokenizer(t)), num_parallel_calls=tf.data.AUTOTUNE
-    )
     sources, targets = [], []
-    for source, target in tokenized.prefetch(2):
-        sources.extend(source.numpy())
-        targets.extend(target.numpy())
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start : start + batch_size]
+        sources.extend(tokenizer.tokenize([s for s, _ in chunk]))
+        targets.extend(tokenizer.tokenize([t for _, t in chunk]))
     total = len(sources)
     keep = [
         i
         for i, (s, t) in enumerate(zip(sources, targets, strict=True))
         if len(s) + 1 <= max_length and len(t) + 1 <= max_length
     ]
-    sources = [np.append(sources[i], eos_id) for i in keep]
-    source, source_offsets, source_lengths = _flat(sources)
+    source, source_offsets, source_lengths = _flat([sources[i] + [eos_id] for i in keep])
     target, target_offsets, target_lengths = _flat([targets[i] for i in keep])
     lengths = np.maximum(source_lengths, target_lengths + 1)
     return TokenizedSplit(
@@ -348,21 +350,6 @@ def assemble_packed(split, width, rows, bos_id=2, eos_id=3):
     return arrays, labels
 
 
-def _signature(pack):
-    names = ("source_ids", "target_ids") + (PACKING_KEYS if pack else ())
-    ids = tf.TensorSpec((None, None), tf.int32)
-    return {name: ids for name in names}, ids
-
-
-def _from_batches(batches):
-    """A dataset of the given `(features, labels)` numpy batches, in order, held in memory."""
-    datasets = [tf.data.Dataset.from_tensors(batch) for batch in batches]
-    while len(datasets) > 1:  # a balanced tree of concatenations, not a chain
-        pairs = [a.concatenate(b) for a, b in zip(datasets[::2], datasets[1::2], strict=False)]
-        datasets = pairs + datasets[len(pairs) * 2 :]
-    return datasets[0]
-
-
 class InputTimer:
     """Thread CPU seconds the host spent assembling batches (for `run.json`)."""
 
@@ -371,107 +358,128 @@ class InputTimer:
         self.batches = 0
 
 
-def make_dataset(
-    pairs,
-    tokenizer,
-    max_length,
-    batch_tokens,
-    training=True,
-    num_replicas=1,
-    seed=None,
-    bos_id=2,
-    eos_id=3,
-    timer=None,
-    boundaries=BUCKET_BOUNDARIES,
-    pack=False,
-):
-    """Builds the batched dataset of one split.
+class Batches:
+    """The batches of one split, planned and assembled on the host as numpy arrays.
+
+    A batch is `({"source_ids", "target_ids"} (+ PACKING_KEYS), labels)`, int32.
+    Training batches come in an endless stream of passes over the data
+    (`batch(i)` is the i-th of it), each pass planned afresh from
+    `(seed, pass)`, so any batch can be rebuilt from its index alone and
+    every input wrapper gives the same batches in the same order.
+    Evaluation batches are one fixed pass in corpus order (`evaluation`).
 
     Args:
-        pairs: `tf.data.Dataset` of `(source, target)` strings, or a
-            `TokenizedSplit` already made by `tokenize_split`.
-        tokenizer: a `keras_hub` tokenizer (in-graph).
-        max_length: int. Longer pairs (after adding BOS/EOS) are dropped.
+        split: `TokenizedSplit`.
+        max_length: int, of the model; checks that `batch_tokens` holds the longest pair.
         batch_tokens: int. About this many tokens per batch and side.
-        training: bool. Reshuffles every epoch, dropping remainders that do
-            not split evenly over the replicas. Either way the dataset repeats
-            forever: evaluation passes are `num_batches` batches each, in the
-            same order (pass `validation_steps=num_batches`), held in memory.
-        num_replicas: int. Batch sizes are multiples of it.
-        seed: of the shuffling.
+        training: bool.
+        num_replicas: int. Batch sizes (rows) are multiples of it.
+        seed: of the shuffling (training).
         bos_id, eos_id: the model's special ids.
+        pack: bool. Packed rows (`plan_packed_batches`, the model's
+            `PACKING_KEYS` in the features) instead of length buckets.
         timer: an `InputTimer` that accumulates the host time of assembling batches.
-        boundaries: of the length buckets (`bucket_sizes`).
-        pack: bool. Batches of packed rows (`plan_packed_batches`), whose
-            features add the model's `PACKING_KEYS`; `boundaries` is unused.
-
-    Returns:
-        `tf.data.Dataset` of `({"source_ids", "target_ids"}, labels)`; its
-        `tokenized` attribute is the `TokenizedSplit` and, for evaluation,
-        `num_batches` the batches of one pass (pass it as `steps`).
+        boundaries: of the length buckets (`bucket_sizes`); unused when packing.
     """
-    split = pairs
-    if not isinstance(split, TokenizedSplit):
-        split = tokenize_split(pairs, tokenizer, max_length, eos_id=eos_id)
-    if not len(split):
-        raise ValueError(f"No pair of the split fits in max_length={max_length}.")
-    bucket_sizes(max_length, batch_tokens, num_replicas)  # validates the budget
-    rng = np.random.default_rng(seed) if training else None
-    if pack:
-        plan_epoch = functools.partial(plan_packed_batches, split, batch_tokens, num_replicas)
 
-        def make_batch(planned):
-            return assemble_packed(split, *planned, bos_id=bos_id, eos_id=eos_id)
+    def __init__(
+        self,
+        split,
+        max_length,
+        batch_tokens,
+        training=True,
+        num_replicas=1,
+        seed=None,
+        bos_id=2,
+        eos_id=3,
+        pack=False,
+        timer=None,
+        boundaries=BUCKET_BOUNDARIES,
+    ):
+        if not len(split):
+            raise ValueError(f"No pair of the split fits in max_length={max_length}.")
+        bucket_sizes(max_length, batch_tokens, num_replicas)  # validates the budget
+        self.tokenized = split
+        self.training = training
+        self.seed = 0 if seed is None else seed
+        self.pack = pack
+        self.timer = timer
+        self._ids = (bos_id, eos_id)
+        if pack:
+            self._plan = functools.partial(plan_packed_batches, split, batch_tokens, num_replicas)
+        else:
+            self._plan = functools.partial(
+                plan_batches, split, batch_tokens, num_replicas, boundaries=boundaries
+            )
+        self._passes = {}  # pass number -> its plan (training; the last two kept)
+        self._starts = [0]  # index of the first batch of each planned pass
+        self._evaluation = None if training else self._plan()
 
-    else:
-        plan_epoch = functools.partial(
-            plan_batches, split, batch_tokens, num_replicas, boundaries=boundaries
-        )
+    @property
+    def feature_names(self):
+        from keras_transformer.layers.masks import PACKING_KEYS
 
-        def make_batch(indices):
-            return assemble(split, indices, bos_id, eos_id)
+        return ("source_ids", "target_ids") + (PACKING_KEYS if self.pack else ())
 
-    evaluation_plan = None if training else plan_epoch()
+    @property
+    def num_batches(self):
+        """Batches of one evaluation pass; None for training (endless)."""
+        return None if self.training else len(self._evaluation)
 
-    if training:
+    def assemble(self, planned):
+        """The arrays of one planned batch (as `plan_batches` / `plan_packed_batches` give it)."""
+        start = time.thread_time()
+        bos_id, eos_id = self._ids
+        if self.pack:
+            batch = assemble_packed(self.tokenized, *planned, bos_id=bos_id, eos_id=eos_id)
+        else:
+            batch = assemble(self.tokenized, planned, bos_id, eos_id)
+        if self.timer is not None:
+            self.timer.seconds += time.thread_time() - start
+            self.timer.batches += 1
+        return batch
 
-        def generate():
-            while True:
-                for planned in plan_epoch(rng=rng, drop_remainder=True):
-                    start = time.thread_time()
-                    batch = make_batch(planned)
-                    if timer is not None:
-                        timer.seconds += time.thread_time() - start
-                        timer.batches += 1
-                    yield batch
+    def training_pass(self, number):
+        """The plan of training pass `number` (0, 1, ...): shuffled from `(seed, number)`."""
+        if number not in self._passes:
+            rng = np.random.default_rng([self.seed, number])
+            self._passes[number] = self._plan(rng=rng, drop_remainder=True)
+            for old in [n for n in self._passes if n < number - 1]:
+                del self._passes[old]
+        return self._passes[number]
 
-        ds = tf.data.Dataset.from_generator(generate, output_signature=_signature(pack))
-        ds = ds.prefetch(tf.data.AUTOTUNE)
-    else:
-        # In memory, not a generator: Keras discards the validation iterator
-        # before every evaluation (`EpochIterator.reset`), and destroying one
-        # whose prefetch thread sat in the Python generator stalled `fit` for
-        # about 50 s in most epochs (benchmarks/README.md, "End to end").
-        batches = [make_batch(planned) for planned in evaluation_plan]
-        ds = _from_batches(batches).repeat()
-    options = tf.data.Options()
-    if not training:
-        # No autotuning thread: destroying an iterator joins it, and Keras drops
-        # the validation iterator before every evaluation. py-spy found `fit`
-        # waiting there (`EpochIterator.reset` -> `~IteratorResource` -> the
-        # thread pool's join) about 13 s per epoch, a sixth of a 5-minute run
-        # (benchmarks/README.md, "The stall between epochs"). Batches held in
-        # memory have nothing to tune.
-        options.autotune.enabled = False
-    # Multi-worker: training batches are dealt out to the workers; every worker
-    # evaluates the whole validation split, so all run the same number of steps.
-    policy = tf.data.experimental.AutoShardPolicy
-    options.experimental_distribute.auto_shard_policy = policy.DATA if training else policy.OFF
-    ds = ds.with_options(options)
-    ds.tokenized = split
-    if evaluation_plan is not None:
-        ds.num_batches = len(evaluation_plan)
-    return ds
+    def batch(self, index):
+        """Training batch `index` of the endless stream (0, 1, ...)."""
+        if not self.training:
+            return self.assemble(self._evaluation[index % len(self._evaluation)])
+        while index >= self._starts[-1]:  # plan passes up to the one holding `index`
+            number = len(self._starts) - 1
+            count = len(self.training_pass(number))
+            if not count:
+                raise ValueError(
+                    f"{len(self.tokenized)} training pairs make no whole batch; lower "
+                    "batch_tokens or bring more data."
+                )
+            self._starts.append(self._starts[-1] + count)
+        number = int(np.searchsorted(self._starts, index, side="right")) - 1
+        return self.assemble(self.training_pass(number)[index - self._starts[number]])
+
+    def __iter__(self):
+        """Training: the endless stream of batches. Evaluation: one pass."""
+        if not self.training:
+            for planned in self._evaluation:
+                yield self.assemble(planned)
+            return
+        index = 0
+        while True:
+            yield self.batch(index)
+            index += 1
+
+    def evaluation(self):
+        """One evaluation pass as a list of batches."""
+        if self.training:
+            raise ValueError("evaluation() is for batches made with training=False.")
+        return list(self)
 
 
 def plan_statistics(

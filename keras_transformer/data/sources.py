@@ -1,14 +1,14 @@
 """One entry point for every corpus: the Ding dictionary, a TFDS name, or a folder.
 
-`load_translation_data` returns string datasets of `(source, target)` pairs
-for the train, validation and test splits, in the requested direction.
+`load_translation_data` returns the `(source, target)` string pairs of the
+train, validation and test splits, in the requested direction, as Python
+lists: the Ding dictionary and a folder need neither TensorFlow nor TFDS.
 """
 
 import dataclasses
+import hashlib
 import logging
 import os
-
-import tensorflow as tf
 
 logger = logging.getLogger(__name__)
 
@@ -21,8 +21,7 @@ class TranslationData:
 
     Attributes:
         source_language, target_language: language codes, e.g. "de", "en".
-        splits: dict split name -> `tf.data.Dataset` of `(source, target)`
-            scalar `tf.string` pairs.
+        splits: dict split name -> list of `(source, target)` strings.
         info: dict, the corpus name and per-split counts (for `run.json`).
     """
 
@@ -32,11 +31,8 @@ class TranslationData:
     info: dict
 
     def pairs(self, split, limit=None):
-        """The first `limit` pairs of `split` as a list of Python `(source, target)` strings."""
-        ds = self.splits[split]
-        if limit is not None:
-            ds = ds.take(limit)
-        return [(s.decode("utf-8"), t.decode("utf-8")) for s, t in ds.as_numpy_iterator()]
+        """The first `limit` pairs of `split`: a list of `(source, target)` strings."""
+        return list(self.splits[split][:limit])
 
 
 def parse_direction(direction, languages, default):
@@ -62,7 +58,9 @@ def _from_tfds_builder(builder, name, direction):
         if split not in builder.info.splits:
             raise ValueError(f"{name} has no {split!r} split. Splits: {list(builder.info.splits)}")
         ds = builder.as_dataset(split=split, shuffle_files=False)
-        splits[split] = ds.map(lambda x, s=source, t=target: (x[s], x[t]))
+        splits[split] = [
+            (x[source].decode("utf-8"), x[target].decode("utf-8")) for x in ds.as_numpy_iterator()
+        ]
     info = {
         "name": name,
         "counts": {split: int(builder.info.splits[split].num_examples) for split in SPLITS},
@@ -79,9 +77,7 @@ def _from_folder(folder, direction):
     flip = (source, target) != languages
     splits = {}
     for split, split_pairs in pairs.items():
-        first, second = zip(*split_pairs, strict=True)
-        sources, targets = (second, first) if flip else (first, second)
-        splits[split] = tf.data.Dataset.from_tensor_slices((list(sources), list(targets)))
+        splits[split] = [(b, a) for a, b in split_pairs] if flip else list(split_pairs)
     info = {
         "name": f"folder:{os.path.abspath(folder)}",
         "counts": {split: len(split_pairs) for split, split_pairs in pairs.items()},
@@ -107,13 +103,7 @@ def load_translation_data(
     if data_dir is not None:
         return _from_folder(data_dir, direction)
     if dataset == "ding":
-        from keras_transformer.data import ding
-        from keras_transformer.data.ding_builder import DingDeEn
-
-        builder = DingDeEn(
-            corpus_path=ding_path or ding.DEFAULT_CORPUS_PATH, data_dir=tfds_data_dir
-        )
-        data = _from_tfds_builder(builder, "ding", direction)
+        data = _from_ding(ding_path, direction)
         data.info["sentences"] = _count_sentences(data)
         return data
     import tensorflow_datasets as tfds
@@ -130,6 +120,43 @@ def load_translation_data(
     return _from_tfds_builder(builder, dataset, direction)
 
 
+def tfds_order(pairs, split):
+    """`pairs` in the order TFDS stores the examples `0, 1, ...` of `split`.
+
+    TFDS writes a split sorted by the MD5 of its salt (the split name) and
+    each example's key (`tfds.core.hashing.Hasher`); the Ding builder's keys
+    are the pairs' indices. Reading Ding in this order keeps the held-out
+    sets (the first 1,000 test pairs) those of the TFDS builder
+    (`data.ding_builder.DingDeEn`), and so comparable across commits, without TFDS.
+    """
+    salted = hashlib.md5(split.encode("utf-8"))
+
+    def key_hash(index):
+        md5 = salted.copy()
+        md5.update(str(index).encode("utf-8"))
+        return int(md5.hexdigest(), 16)
+
+    return [pairs[i] for i in sorted(range(len(pairs)), key=key_hash)]
+
+
+def _from_ding(ding_path, direction):
+    from keras_transformer.data import ding
+
+    path = ding_path or ding.DEFAULT_CORPUS_PATH
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"The Ding German-English dictionary was not found at {path}. {ding.INSTALL_HINT}"
+        )
+    source, target = parse_direction(direction, ("de", "en"), ("de", "en"))
+    parsed, _ = ding.load_ding_splits(path)
+    splits = {}
+    for split in SPLITS:
+        pairs = tfds_order(parsed[split], split)
+        splits[split] = pairs if source == "de" else [(e, g) for g, e in pairs]
+    info = {"name": "ding", "counts": {split: len(splits[split]) for split in SPLITS}}
+    return TranslationData(source, target, splits, info)
+
+
 def _count_sentences(data):
     from keras_transformer.data.ding import is_sentence
 
@@ -137,18 +164,6 @@ def _count_sentences(data):
     for split in ("validation", "test"):
         counts[split] = sum(is_sentence(s, t) for s, t in data.pairs(split))
     return counts
-
-
-def _are_sentences(texts):
-    # `ding.is_sentence` for one side, over a batch of strings: capitalized,
-    # three words or more, ends in . ! or ?
-    words = tf.strings.split(texts).row_lengths()
-    return tf.logical_and(words >= 3, tf.strings.regex_full_match(texts, r"(?s)\p{Lu}.*[.!?]"))
-
-
-def _sentence_pairs(sources, targets):
-    keep = tf.logical_and(_are_sentences(sources), _are_sentences(targets))
-    return tf.boolean_mask(sources, keep), tf.boolean_mask(targets, keep)
 
 
 def repeat_sentences(pairs, times):
@@ -160,13 +175,17 @@ def repeat_sentences(pairs, times):
     corpus, trades phrase steps for sentence steps.
 
     Args:
-        pairs: `tf.data.Dataset` of `(source, target)` scalar strings.
+        pairs: list of `(source, target)` strings.
         times: int >= 1; 1 returns `pairs`.
+
+    Returns:
+        `pairs`, then its sentence pairs `times - 1` more times.
     """
+    from keras_transformer.data.ding import is_sentence
+
     if not isinstance(times, int) or isinstance(times, bool) or times < 1:
         raise ValueError(f"times must be an integer >= 1. Received: times={times!r}")
     if times == 1:
         return pairs
-    # Batched: a per-pair filter took 80 s over Ding's 377k pairs, this about 3 s.
-    sentences = pairs.batch(4096).map(_sentence_pairs).unbatch().cache()
-    return pairs.concatenate(sentences.repeat(times - 1))
+    sentences = [pair for pair in pairs if is_sentence(*pair)]
+    return pairs + sentences * (times - 1)

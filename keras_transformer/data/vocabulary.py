@@ -1,9 +1,14 @@
-"""The shared SentencePiece BPE vocabulary of both languages."""
+"""The shared SentencePiece BPE vocabulary of both languages.
+
+Training and evaluation tokenize with the `sentencepiece` package
+(`SentencePieceTokenizer`), on every backend and without TensorFlow; the
+exported graphs tokenize with TF Text's ops on the same model file
+(`load_keras_hub_tokenizer`), which give the same ids (tests/test_vocabulary.py).
+"""
 
 import logging
 import os
 
-import keras_hub
 import sentencepiece
 
 logger = logging.getLogger(__name__)
@@ -35,7 +40,7 @@ def train_vocabulary(train_pairs, path, vocab_size, max_sentences=300_000, byte_
     the byte pieces instead of taking a piece each.
 
     Args:
-        train_pairs: `tf.data.Dataset` of `(source, target)` strings.
+        train_pairs: list of `(source, target)` strings.
         path: output file, usually `<work_dir>/vocab.model`.
         vocab_size: int.
         max_sentences: int. Trains on the first this many lines (source and
@@ -77,40 +82,77 @@ def train_vocabulary(train_pairs, path, vocab_size, max_sentences=300_000, byte_
     )
 
 
+class SentencePieceTokenizer:
+    """The `sentencepiece` package's tokenizer of a model file, with the two
+    methods `Translator` and the input pipeline call.
+
+    Args:
+        path: a SentencePiece model file (`vocab.model`).
+
+    Example:
+
+        tokenizer = SentencePieceTokenizer("work/vocab.model")
+        ids = tokenizer.tokenize(["Guten Morgen."])  # [[...]]: lists of int, no EOS
+        tokenizer.detokenize(ids)  # ["Guten Morgen."]
+    """
+
+    def __init__(self, path):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"No SentencePiece model at {path}")
+        self.path = path
+        self.processor = sentencepiece.SentencePieceProcessor(model_file=path)
+
+    def vocabulary_size(self):
+        return self.processor.vocab_size()
+
+    def id_to_token(self, token_id):
+        """The piece of `token_id`, e.g. "▁Haus" (keras-hub's name for it)."""
+        return self.processor.id_to_piece(int(token_id))
+
+    def tokenize(self, texts):
+        """list of str -> list of lists of int ids."""
+        return self.processor.encode(list(texts), out_type=int)
+
+    def detokenize(self, ids):
+        """lists of int ids -> list of str."""
+        return self.processor.decode([[int(i) for i in row] for row in ids])
+
+
 def load_tokenizer(path):
-    """A `keras_hub.tokenizers.SentencePieceTokenizer` for the model file at `path`."""
-    if not os.path.exists(path):
+    """The `SentencePieceTokenizer` of the model file at `path`."""
+    return SentencePieceTokenizer(path)
+
+
+def load_keras_hub_tokenizer(path):
+    """A `keras_hub.tokenizers.SentencePieceTokenizer` (TF Text ops, for the
+    exported graphs) of the model file at `path`."""
+    import keras_hub
+
+    if not os.path.isfile(path):
         raise FileNotFoundError(f"No SentencePiece model at {path}")
     return keras_hub.tokenizers.SentencePieceTokenizer(proto=path, dtype="int32")
 
 
 def _lines(pairs, count):
-    """The first `count` lines of `pairs` read side by side: source, target, source, ...
-
-    Read in batches: a `flat_map` to one line per element took 37 s for
-    Ding's first 300,000 lines on 2 cores, these batches 5.6 s, in the same
-    order, so the same vocabulary (`benchmarks/vocabulary_time.py`).
-    """
+    """The first `count` lines of `pairs` read side by side: source, target, source, ..."""
     lines = 0
-    for sources, targets in pairs.take((count + 1) // 2).batch(4096).as_numpy_iterator():
-        for pair in zip(sources, targets, strict=True):
-            for line in pair:
-                if lines == count:
-                    return
-                lines += 1
-                yield line
+    for pair in pairs[: (count + 1) // 2]:
+        for line in pair:
+            if lines == count:
+                return
+            lines += 1
+            yield line.encode("utf-8")
 
 
 def get_tokenizer(path, train_pairs, vocab_size):
     """Loads `path`, training it first if it does not exist; checks its size."""
     if not os.path.exists(path):
         train_vocabulary(train_pairs, path, vocab_size)
-    # Checked with the sentencepiece package: a throw-away keras-hub tokenizer
-    # would, when garbage-collected, free the TF resource that others share.
-    pieces = sentencepiece.SentencePieceProcessor(model_file=path).vocab_size()
+    tokenizer = load_tokenizer(path)
+    pieces = tokenizer.vocabulary_size()
     if pieces != vocab_size:
         raise ValueError(
             f"{path} has {pieces} pieces but vocab_size={vocab_size}; "
             "delete it or use another --work-dir to train a new vocabulary."
         )
-    return load_tokenizer(path)
+    return tokenizer

@@ -33,8 +33,13 @@ FORMATS = ("saved_model", "onnx")
 
 
 def load_work_dir(work_dir):
-    """`(model, tokenizer, run_info)` of a finished work directory, with clear errors."""
-    return workdir.load(work_dir, finished=True)
+    """`(model, tokenizer, run_info)` of a finished work directory, with clear errors;
+    the tokenizer is keras-hub's (TF Text ops), which the SavedModel's graph holds."""
+    from keras_transformer.data.vocabulary import load_keras_hub_tokenizer
+
+    run_info = workdir.check(work_dir, finished=True)
+    tokenizer = load_keras_hub_tokenizer(workdir.WorkDir(work_dir).vocabulary)
+    return workdir.load_model(work_dir), tokenizer, run_info
 
 
 def _paths(output_dir, name, version):
