@@ -33,7 +33,17 @@ def parse_args(argv=None):
     parser.add_argument("--epochs", type=int, help="epochs (default: per preset)")
     parser.add_argument("--steps", type=int, help="steps per epoch (default: per preset)")
     parser.add_argument("--batch-tokens", type=int, help="tokens per batch and side")
-    parser.add_argument("--work-dir", default="work", help="output folder (default work/)")
+    parser.add_argument(
+        "--work-dir",
+        default="work",
+        help="output folder (default work/). Run the same command again there to resume a "
+        "killed run, or with a larger --max-train-minutes / --epochs to continue a finished one",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="delete what an earlier run wrote in --work-dir and start again there",
+    )
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument(
         "--vocab-size",
@@ -130,6 +140,9 @@ def parse_args(argv=None):
         help="length penalty of the test decode and the exports (default: 1.0 for cpu, else 0.6)",
     )
     parser.add_argument("--no-export", dest="export", action="store_false")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an error, not one line"
+    )
     return parser.parse_args(argv)
 
 
@@ -144,8 +157,29 @@ def _hardware():
     return module
 
 
+def _check_early(args):
+    """The mistakes found without TensorFlow: a preset name, a missing folder or file."""
+    from keras_transformer.config import PRESETS
+
+    if args.preset is not None and args.preset not in PRESETS:
+        raise ValueError(f"Unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}.")
+    if args.data_dir is not None and not os.path.isdir(args.data_dir):
+        raise NotADirectoryError(f"--data-dir {args.data_dir} is not a directory.")
+    if args.init_from is not None:
+        from keras_transformer import workdir
+
+        workdir.check(args.init_from, finished=True)
+
+
 def main(argv=None):
     args = parse_args(argv)
+    from keras_transformer.command_line import run_main
+
+    run_main("train.py", args.debug, lambda: _main(args, argv))
+
+
+def _main(args, argv):
+    _check_early(args)
     hardware = _hardware()
     # TensorFlow's C++ log level is read once, when it loads.
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = hardware.tensorflow_log_level()
@@ -163,7 +197,9 @@ def main(argv=None):
         tfds.disable_progress_bar()
     from keras_transformer.training import run
 
-    run(**vars(args))
+    options = vars(args)
+    del options["debug"]
+    run(**options)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ _EXPORTS = {
     "Transformer": "keras_transformer.model",
     "TransformerSchedule": "keras_transformer.schedules",
     "TrainingConfig": "keras_transformer.training_config",
+    "Translator": "keras_transformer.translator",
+    "OnnxTranslator": "keras_transformer.onnx_translator",
     "compile_with_paper_recipe": "keras_transformer.recipe",
 }
 
@@ -46,7 +48,7 @@ def register_keras_classes():
     Call it (or import `keras_transformer.model`) before `keras.saving.load_model`
     of a file saved by this package.
     """
-    for module in sorted(set(_EXPORTS.values())):
+    for module in sorted(set(_EXPORTS.values()) - {"keras_transformer.onnx_translator"}):
         importlib.import_module(module)
 
 

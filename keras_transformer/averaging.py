@@ -231,6 +231,8 @@ def average_work_dir(work_dir, last=5, output=None):
 
 
 def parse_args(argv=None):
+    from keras_transformer.command_line import add_debug_flag
+
     parser = argparse.ArgumentParser(
         prog="keras-transformer-average", description=__doc__.split("\n\n")[0]
     )
@@ -244,6 +246,7 @@ def parse_args(argv=None):
         help="where to write the averaged .keras model (default: over <work_dir>/model.keras, "
         "keeping the unaveraged one as <work_dir>/model.last.keras)",
     )
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
     if args.last <= 0:
         parser.error(f"--last must be a positive integer. Received: --last {args.last}")
@@ -253,7 +256,13 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
+    from keras_transformer.command_line import run_main
+
     args = parse_args(argv)
+    run_main("keras-transformer-average", args.debug, lambda: _main(args))
+
+
+def _main(args):
     result = average_work_dir(args.work_dir, last=args.last, output=args.output)
     names = [os.path.basename(path).removesuffix(".weights.h5") for path in result["checkpoints"]]
     kept = f" (unaveraged model: {result['unaveraged']})" if result["unaveraged"] else ""

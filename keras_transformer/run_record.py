@@ -86,7 +86,10 @@ def build(config, machine, data, model_config, inputs, fitted, averaging, test, 
             "val_bleu_greedy": history["val_bleu"][-1] if history.get("val_bleu") else None,
             "train_loss": history["loss"][-1] if history.get("loss") else None,
             "train_seconds": fitted.train_seconds,
-            "train_steps": phases.steps,
+            "train_steps": phases.steps,  # of this process
+            # The optimizer's updates behind the final weights: those of earlier
+            # processes of a resumed or continued run, and --init-from's.
+            "optimizer_steps": fitted.optimizer_steps,
             # Real (non-pad) tokens per second of the training steps, from the
             # mean batch of a pass over the data (target: with EOS).
             "tokens_per_second": per_second * (stats["source_tokens"] + stats["target_tokens"]),
@@ -102,6 +105,7 @@ def build(config, machine, data, model_config, inputs, fitted, averaging, test, 
         "averaging": averaging,
         "samples": test.samples,
         "init_from": fitted.init_from,
+        "run": fitted.progress,
     }
 
 

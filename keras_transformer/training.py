@@ -101,6 +101,25 @@ class Fitted:
     startup_seconds: float
     train_seconds: float
     init_from: dict | None
+    optimizer_steps: int
+    progress: dict  # `RunProgress.to_dict()`
+
+
+@dataclasses.dataclass(frozen=True)
+class RunProgress:
+    """What a work directory held when this run began.
+
+    `kind`: "new"; "resumed" (a killed run: its backup, no run.json); or
+    "continued" (a finished run run again with a larger budget: its backup
+    and run.json). `epochs` and `train_seconds` are what came before.
+    """
+
+    kind: str
+    epochs: int = 0
+    train_seconds: float = 0.0
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,8 +139,11 @@ class FinishedRun:
     @property
     def steps(self):
         """Optimizer updates behind its weights (its own, and those it started from)."""
+        metrics = self.run_info["metrics"]
+        if "optimizer_steps" in metrics:
+            return int(metrics["optimizer_steps"])
         previous = (self.run_info.get("init_from") or {}).get("initial_step", 0)
-        return previous + int(self.run_info["metrics"]["train_steps"])
+        return previous + int(metrics["train_steps"])
 
     @property
     def val_loss(self):
@@ -150,8 +172,9 @@ def run(config=None, /, **options):
     config, finished = _training_config(config, options)
     machine = set_up_machine(config)
     inputs = prepare_inputs(config, machine, finished)
+    progress = run_progress(config, machine)
     model, machine = calibrated_model(config, machine, inputs, finished)
-    fitted = fit(model, config, machine, inputs, finished, wall_start)
+    fitted = fit(model, config, machine, inputs, finished, wall_start, progress)
     model = _plain_float32(model)
     averaging = average_checkpoints_by_validation(model, config, machine, inputs)
     test = evaluate_test(model, config, inputs)
@@ -217,6 +240,9 @@ def set_up_machine(config):
     # beside it so that their checkpoints and backups never collide.
     work = workdir.WorkDir(config.work_dir)
     out = work if is_chief else work.worker(task_name)
+    if config.overwrite and is_chief:
+        workdir.clear(work.path)
+        logger.info("--overwrite: cleared %s", work.path)
     os.makedirs(out.path, exist_ok=True)
     options = calibration.candidates(
         keras.backend.backend(), cpu, has_gpu, multi_device=strategy is not None,
@@ -293,6 +319,8 @@ def prepare_inputs(config, machine, finished=None):
         data.info["name"], data.source_language, data.target_language, data.info["counts"],
     )  # fmt: skip
     model_config = _model_config(config, data, finished)
+    if machine.is_chief:  # before anything is written there
+        workdir.claim(machine.out.path, _corpus_identity(data, model_config))
     tokenizer = _vocabulary(machine.out, data, model_config, finished)
 
     tokenize_start = time.time()
@@ -336,6 +364,54 @@ def prepare_inputs(config, machine, finished=None):
         data, model_config, tokenizer, train_batches, train_ds, val_ds, stats, input_timer,
         tokenize_seconds,
     )  # fmt: skip
+
+
+def _corpus_identity(data, model_config):
+    """What a work directory belongs to (`workdir.claim`): the corpus, its
+    direction, a digest of its training pairs and the vocabulary size."""
+    from keras_transformer.data.shards import digest_pairs
+
+    return {
+        "corpus": data.info["name"],
+        "direction": f"{data.source_language}-{data.target_language}",
+        "train_pairs_sha256": digest_pairs(data.splits["train"]),
+        "vocab_size": model_config.vocab_size,
+    }
+
+
+def run_progress(config, machine):
+    """Whether this run is new, resumes a killed run or continues a finished one
+    (`RunProgress`), logged; a finished run with nothing left to train is refused."""
+    work = machine.out
+    epochs = workdir.backup_epochs(work.path)
+    finished = os.path.isfile(work.run_record)
+    if epochs is None:
+        if finished:
+            raise ValueError(
+                f"{work.path} holds a finished run without its backup (written by an older "
+                f"version); train it longer with --init-from {work.path} --work-dir NEW, or "
+                "start again there with --overwrite."
+            )
+        logger.info("Run: new, in %s", work.path)
+        return RunProgress("new")
+    seconds = workdir.read_progress(work.path)
+    progress = RunProgress("continued" if finished else "resumed", epochs, seconds)
+    if finished:
+        minutes = config.max_train_minutes
+        if epochs >= config.epochs or (minutes is not None and seconds >= 60 * minutes):
+            budget = f"--epochs {config.epochs}" + (
+                f" and --max-train-minutes {minutes:g}" if minutes is not None else ""
+            )
+            raise ValueError(
+                f"{work.path} holds a finished run ({epochs} epochs, {seconds / 60:.1f} "
+                f"training minutes): nothing is left of {budget}. Raise them to continue it; "
+                "--overwrite starts again there, a new --work-dir keeps it."
+            )
+    logger.info(
+        "Run: %s, after %d epochs and %.1f training minutes in %s",
+        progress.kind, epochs, seconds / 60, work.path,
+    )  # fmt: skip
+    return progress
 
 
 def _model_config(config, data, finished):
@@ -553,7 +629,7 @@ def _measure_steps(model, inputs, timed_steps, warmup_steps=2):
 # --------------------------------------------------------------------------- fit
 
 
-def make_callbacks(config, machine, inputs, initial_step=0):
+def make_callbacks(config, machine, inputs, initial_step=0, progress=None):
     """`(callbacks, phases, validation_bleu)`: the callbacks of `fit`, in their order.
 
     `initial_step`: the optimizer's step when this run began (`--init-from`'s last).
@@ -566,9 +642,12 @@ def make_callbacks(config, machine, inputs, initial_step=0):
         validation_pairs, inputs.tokenizer, every=config.validation_bleu_every
     )
     out = machine.out
+    spent = progress.train_seconds if progress is not None else 0.0
     callbacks = [
         phases,
-        keras.callbacks.BackupAndRestore(out.backup),
+        # Kept after training: the same command with a larger budget continues from it.
+        keras.callbacks.BackupAndRestore(out.backup, delete_checkpoint=False),
+        TrainingClock(out.path, spent),  # after the backup it accounts for
         TerminateOnNaN(),
     ]
     if config.cooldown:  # after BackupAndRestore: it reads the restored step
@@ -579,7 +658,7 @@ def make_callbacks(config, machine, inputs, initial_step=0):
             Cooldown(
                 schedule,
                 config.cooldown,
-                minutes=_training_minutes(config, machine),
+                minutes=_training_minutes(config, machine, spent),
                 total_steps=config.epochs * config.steps,
                 initial_step=initial_step,
             )
@@ -599,24 +678,46 @@ def make_callbacks(config, machine, inputs, initial_step=0):
             "TensorBoard is not installed (`pip install tensorboard`); no logs/ written."
         )
     if config.max_train_minutes is not None:
-        callbacks.append(TimeBudget(_training_minutes(config, machine)))
+        callbacks.append(TimeBudget(_training_minutes(config, machine, spent)))
     callbacks.append(phases.end_marker)  # last
     return callbacks, phases, validation_bleu
 
 
-def _training_minutes(config, machine):
-    """The time budget of `fit`: `--max-train-minutes`, less what this run's
-    calibration took (so that a first run on a machine ends when others do)."""
+def _training_minutes(config, machine, spent_seconds=0.0):
+    """The time budget of `fit`: `--max-train-minutes`, less the training time of
+    the earlier processes of a resumed or continued run (`spent_seconds`) and
+    what this run's calibration took (so that a first run on a machine ends when
+    others do)."""
     if config.max_train_minutes is None:
         return None
-    spent = (machine.calibration or {}).get("seconds", 0.0) / 60.0
-    return max(config.max_train_minutes - spent, 0.0)
+    spent = spent_seconds + (machine.calibration or {}).get("seconds", 0.0)
+    return max(config.max_train_minutes - spent / 60.0, 0.0)
 
 
-def fit(model, config, machine, inputs, finished, wall_start):
+class TrainingClock(keras.callbacks.Callback):
+    """Writes the run's training seconds, earlier processes' included, at every
+    epoch end (`workdir.write_progress`), beside the backup taken then."""
+
+    def __init__(self, work_dir, spent_seconds=0.0):
+        super().__init__()
+        self.work_dir = work_dir
+        self.spent_seconds = spent_seconds
+        self._start = None
+
+    def on_train_begin(self, logs=None):
+        self._start = time.time()
+
+    def on_epoch_end(self, epoch, logs=None):
+        workdir.write_progress(self.work_dir, self.spent_seconds + time.time() - self._start)
+
+
+def fit(model, config, machine, inputs, finished, wall_start, progress=None):
     """`model.fit` with the run's callbacks; returns what the run record needs."""
+    progress = progress or RunProgress("new")
     initial_step = finished.steps if finished is not None else 0
-    callbacks, phases, validation_bleu = make_callbacks(config, machine, inputs, initial_step)
+    callbacks, phases, validation_bleu = make_callbacks(
+        config, machine, inputs, initial_step, progress
+    )
     init_from = None
     if finished is not None:
         init_from = {
@@ -650,6 +751,8 @@ def fit(model, config, machine, inputs, finished, wall_start):
         startup_seconds=startup_seconds,
         train_seconds=phases.first_step_seconds + phases.step_seconds,
         init_from=init_from,
+        optimizer_steps=int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
+        progress=progress.to_dict(),
     )
 
 
@@ -722,9 +825,9 @@ def average_checkpoints_by_validation(model, config, machine, inputs):
 
 def evaluate_test(model, config, inputs):
     """Beam search on the test split: scores, and a few samples to print."""
-    if not config.test:
-        return TestResult({}, [], 0.0)
     data = inputs.data
+    if not config.test or not data.splits["test"]:
+        return TestResult({}, [], 0.0)
     test_pairs = data.pairs("test", limit=config.test_samples or None)
     translate = make_translate_fn(
         model, inputs.tokenizer, beam_size=config.beam_size, alpha=config.alpha

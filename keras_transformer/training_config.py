@@ -127,6 +127,7 @@ class TrainingConfig:
 
     # Evaluation and what is written.
     work_dir: str = "work"
+    overwrite: bool = False  # start again in a work directory that holds another run
     validation_every: int | None = None  # epochs between validation-loss passes (and the last)
     validation_bleu_samples: int = 300  # validation pairs decoded greedily by `ValidationBleu`
     validation_bleu_every: int | None = None  # epochs between them; 0: never

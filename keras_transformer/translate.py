@@ -21,6 +21,8 @@ from keras_transformer.search import PAPER
 
 
 def parse_args(argv=None):
+    from keras_transformer.command_line import add_debug_flag
+
     parser = argparse.ArgumentParser(
         prog="keras-transformer-translate", description=__doc__.split("\n\n")[0]
     )
@@ -63,6 +65,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--attention-head", type=int, default=None, help="head plotted (default: mean of heads)"
     )
+    add_debug_flag(parser)
     return parser.parse_args(argv)
 
 
@@ -74,7 +77,13 @@ def load(work_dir):
 
 
 def main(argv=None):
+    from keras_transformer.command_line import run_main
+
     args = parse_args(argv)
+    return run_main("keras-transformer-translate", args.debug, lambda: _main(args))
+
+
+def _main(args):
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     if args.plot_attention:
         from keras_transformer import visualize

@@ -36,6 +36,8 @@ BACKUP = "backup"
 LOGS = "logs"
 TFDS = "tfds"
 DATA = "data"
+CORPUS = "corpus.json"  # what the work directory was trained on (`claim`)
+PROGRESS = "progress.json"  # training seconds behind the backup (`training.Progress`)
 WORKERS = "workers"
 
 # What a trained work directory must hold to be loaded or exported.
@@ -86,6 +88,14 @@ class WorkDir:
     @property
     def logs(self):
         return self._join(LOGS)
+
+    @property
+    def corpus(self):
+        return self._join(CORPUS)
+
+    @property
+    def progress(self):
+        return self._join(PROGRESS)
 
     @property
     def data(self):
@@ -154,6 +164,95 @@ def check(work_dir, finished=True):
             f"Finish it (`python train.py --work-dir {work.path}` resumes) first."
         )
     return run_info
+
+
+def _read_json(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _write_json(path, value):
+    temporary = f"{path}.tmp{os.getpid()}"
+    with open(temporary, "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=1, ensure_ascii=False)
+    os.replace(temporary, path)
+
+
+def claim(work_dir, corpus):
+    """Makes `work_dir` the work directory of `corpus`, or refuses if it holds another's.
+
+    A work directory belongs to one corpus, direction and vocabulary size
+    (`corpus`, a dict written to `corpus.json` by the first run there). A
+    run of another one stops before it writes anything, with one line that
+    says what differs and what to do.
+
+    Raises:
+        ValueError: naming what differs.
+    """
+    work = WorkDir(work_dir)
+    recorded = _read_json(work.corpus)
+    if recorded is None:
+        written = [name for name in (VOCABULARY, MODEL, RUN_RECORD, BACKUP)
+                   if os.path.exists(work._join(name))]  # fmt: skip
+        if written:
+            raise ValueError(
+                f"{work.path} already holds {', '.join(written)} of a run that did not record "
+                f"its corpus; use a new --work-dir, or --overwrite to start again there."
+            )
+        os.makedirs(work.path, exist_ok=True)
+        _write_json(work.corpus, corpus)
+        return
+
+    def short(value):
+        return f"{value[:12]}..." if isinstance(value, str) and len(value) > 40 else value
+
+    differences = [
+        f"{key} {short(recorded.get(key))!r} there, {short(value)!r} here"
+        for key, value in corpus.items()
+        if recorded.get(key) != value
+    ]
+    if differences:
+        raise ValueError(
+            f"{work.path} belongs to another run's data ({'; '.join(differences)}); use a new "
+            "--work-dir, or --overwrite to start again there."
+        )
+
+
+def clear(work_dir):
+    """Removes what runs wrote in `work_dir` (`--overwrite`); a TFDS cache stays."""
+    import shutil
+
+    work = WorkDir(work_dir)
+    if not os.path.isdir(work.path):
+        return
+    for name in os.listdir(work.path):
+        if name == TFDS:
+            continue
+        path = work._join(name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+
+
+def backup_epochs(work_dir):
+    """Epochs behind the run's backup (`keras.callbacks.BackupAndRestore`'s
+    `training_metadata.json`), or None when there is no backup."""
+    metadata = _read_json(os.path.join(WorkDir(work_dir).backup, "training_metadata.json"))
+    return None if metadata is None else int(metadata.get("epoch", 0))
+
+
+def read_progress(work_dir):
+    """Training seconds of the earlier processes of this run (0.0 for a new one)."""
+    progress = _read_json(WorkDir(work_dir).progress) or {}
+    return float(progress.get("train_seconds", 0.0))
+
+
+def write_progress(work_dir, train_seconds):
+    _write_json(WorkDir(work_dir).progress, {"train_seconds": train_seconds})
 
 
 def search_of(run_info):

@@ -121,8 +121,14 @@ def test_translate_command(tokenizer, tmp_path, capsys, monkeypatch):
     lines = capsys.readouterr().out.split("\n")
     expected = Translator(model, tokenizer, beam_size=2, max_extra_length=4)(sentences)
     assert lines == expected + [""]
-    with pytest.raises(FileNotFoundError, match="no-such-dir"):
+    # A mistake is one line and exit 2 (`command_line.run_main`); --debug raises it.
+    with pytest.raises(SystemExit) as exit_info:
         translate.main(["--work-dir", str(tmp_path / "no-such-dir")])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith("keras-transformer-translate: error:") and "no-such-dir" in error
+    with pytest.raises(FileNotFoundError, match="no-such-dir"):
+        translate.main(["--work-dir", str(tmp_path / "no-such-dir"), "--debug"])
 
 
 def _work_dir(path, model, tokenizer):

@@ -74,6 +74,12 @@ def _from_folder(folder, direction):
     languages, pairs = text_files.read_parallel_folder(folder)
     default = ("de", "en") if set(languages) == {"de", "en"} else languages
     source, target = parse_direction(direction, languages, default)
+    if direction is None:
+        logger.info(
+            "Direction %s -> %s (%s); --direction %s-%s for the other.", source, target,
+            "German to English" if default == ("de", "en") else "the suffixes in alphabetical "
+            "order", target, source,
+        )  # fmt: skip
     flip = (source, target) != languages
     splits = {}
     for split, split_pairs in pairs.items():
