@@ -118,11 +118,11 @@ class TrainingConfig:
     warmup_steps: int | None = None  # of `TransformerSchedule`
     learning_rate_scale: float | None = None  # `scale` of `TransformerSchedule`
     cooldown: float | None = None  # last share of the budget with a linear decay to 0; 0: none
-    dtype_policy: str | None = None  # None: mixed_bfloat16 on native-bf16 CPUs, else float32
+    dtype_policy: str | None = None  # None: the fastest measured here (`calibration`)
     max_train_minutes: float | None = None  # stop at the first step past it; 0: after one
     logical_devices: int | None = None  # split the CPU into N devices for MirroredStrategy
     pack: bool = True  # several pairs per row (`pipeline.plan_packed_batches`)
-    jit_compile: bool | None = None  # XLA; None: where measured faster (`training.use_xla`)
+    jit_compile: bool | None = None  # XLA; None: chosen by `calibration` with the precision
     seed: int = 1234
 
     # Evaluation and what is written.

@@ -221,8 +221,11 @@ def test_command_rejects_bad_arguments_before_loading(tmp_path, capsys):
     with pytest.raises(SystemExit):
         averaging.main(["--work-dir", str(tmp_path), "--output", "model.h5"])
     assert "--output model.h5" in capsys.readouterr().err
-    with pytest.raises(FileNotFoundError, match="model.keras"):
+    with pytest.raises(SystemExit) as exit_info:  # a mistake: one line, exit 2
         averaging.main(["--work-dir", str(tmp_path)])
+    assert exit_info.value.code == 2 and "model.keras" in capsys.readouterr().err
+    with pytest.raises(FileNotFoundError, match="model.keras"):
+        averaging.main(["--work-dir", str(tmp_path), "--debug"])
 
 
 def test_module_imports_no_keras_or_tensorflow_at_top_level():
