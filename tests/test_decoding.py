@@ -219,6 +219,8 @@ def test_exhaustive_beam_search_finds_the_best_hypothesis(alpha):
         for sequence in itertools.product(range(vocab_size), repeat=length):
             if EOS in sequence[:-1] or (length < max_length and sequence[-1] != EOS):
                 continue
+            if sequence[0] == EOS:  # decoding.MIN_LENGTH: no empty output
+                continue
             score = _log_prob(logits_after, sequence) / ((5.0 + length) / 6.0) ** alpha
             if score > best:
                 best, best_sequence = score, sequence
@@ -287,3 +289,39 @@ def test_bad_search_arguments_raise():
         translate_ids(model, source_ids, beam_size=2, alpha=-0.5)
     with pytest.raises(ValueError, match="max_extra_length"):
         translate_ids(model, source_ids, max_extra_length=-1)
+
+
+@pytest.mark.multibackend
+def test_no_search_ends_before_its_first_token():
+    """A model that most wants EOS first: greedy and beam search still emit a
+    token before it (`decoding.MIN_LENGTH`), which the SavedModel and
+    translate.onnx run too, and `min_length=0` gives the empty output back."""
+    vocab_size = 6
+    table = np.zeros((2, vocab_size), "float32")
+    table[0, EOS], table[0, 4] = 5.0, 1.0  # first step: EOS, then token 4
+    table[1, EOS] = 5.0  # later steps: EOS
+
+    def tokens_to_logits(token_ids, cache):
+        logits = ops.take(ops.convert_to_tensor(table), cache["step"], axis=0)
+        return logits, {"step": ops.minimum(cache["step"] + 1, 1)}
+
+    start_ids = ops.convert_to_tensor([BOS, BOS], dtype="int32")
+    cache = {"step": ops.zeros((2,), dtype="int32")}
+    greedy = ops.convert_to_numpy(
+        greedy_search(tokens_to_logits, cache, start_ids, 4, eos_id=EOS, pad_id=PAD)
+    )
+    np.testing.assert_array_equal(greedy, [[4, EOS, PAD, PAD]] * 2)
+    sequences, _ = beam_search(
+        tokens_to_logits, cache, start_ids, 4, eos_id=EOS, beam_size=3, pad_id=PAD
+    )
+    best = ops.convert_to_numpy(sequences)[:, 0]
+    np.testing.assert_array_equal(best, [[4, EOS, PAD, PAD]] * 2)
+    assert not (ops.convert_to_numpy(sequences)[:, :, 0] == EOS).any()  # no hypothesis is empty
+    empty = greedy_search(
+        tokens_to_logits, cache, start_ids, 4, eos_id=EOS, pad_id=PAD, min_length=0
+    )
+    np.testing.assert_array_equal(ops.convert_to_numpy(empty)[:, 0], [EOS, EOS])
+    sequences, _ = beam_search(
+        tokens_to_logits, cache, start_ids, 4, eos_id=EOS, beam_size=3, pad_id=PAD, min_length=0
+    )
+    np.testing.assert_array_equal(ops.convert_to_numpy(sequences)[:, 0, 0], [EOS, EOS])
