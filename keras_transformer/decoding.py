@@ -331,6 +331,7 @@ def translate_ids(
     beam_size=PAPER.beam_size,
     alpha=PAPER.alpha,
     max_extra_length=PAPER.max_extra_length,
+    num_hypotheses=None,
 ):
     """Source ids to output ids with the model's key/value cache. Pure tensor code.
 
@@ -343,10 +344,20 @@ def translate_ids(
         max_extra_length: int. Each output has at most its source length +
             `max_extra_length` tokens, and at most `config.max_length`.
 
+        num_hypotheses: None, or int N <= beam_size: return the N best
+            hypotheses of the beam with their scores.
+
     Returns:
         `(B, T)` int32 ids: the best hypothesis without BOS, EOS included,
         `pad_id` after it; `T = min(S + max_extra_length, config.max_length)`.
+        With `num_hypotheses=N`: `(ids (B, N, T), scores (B, N))`, best first,
+        the scores length-penalized log-probabilities (`beam_search`'s).
     """
+    if num_hypotheses is not None and not 1 <= num_hypotheses <= beam_size:
+        raise ValueError(
+            f"num_hypotheses must be between 1 and beam_size={beam_size}. "
+            f"Received: num_hypotheses={num_hypotheses}"
+        )
     config = model.config
     if not model.built:  # build outside the loop: variables created in a trace would leak
         model.build()
@@ -358,12 +369,14 @@ def translate_ids(
     start_ids = ops.zeros_like(source_ids[:, 0]) + config.bos_id  # (B,)
     search = dict(max_lengths=max_lengths, eos_id=config.eos_id, pad_id=config.pad_id)
     step = suppress_tokens(model.decode_step, (config.pad_id, config.bos_id))
-    if beam_size == 1:
+    if beam_size == 1 and num_hypotheses is None:
         return greedy_search(step, cache, start_ids, buffer_length, **search)
-    sequences, _ = beam_search(
+    sequences, scores = beam_search(
         step, cache, start_ids, buffer_length, beam_size=beam_size, alpha=alpha,
         **search,
     )  # fmt: skip
+    if num_hypotheses is not None:
+        return sequences[:, :num_hypotheses], scores[:, :num_hypotheses]
     return sequences[:, 0]
 
 
@@ -373,8 +386,10 @@ def compile_translate_ids(
     alpha=PAPER.alpha,
     max_extra_length=PAPER.max_extra_length,
     jit_compile=False,
+    num_hypotheses=None,
 ):
-    """`translate_ids` compiled for the current backend: `fn(source_ids) -> ids`.
+    """`translate_ids` compiled for the current backend: `fn(source_ids) -> ids`
+    (with `num_hypotheses`: `-> (ids, scores)`).
 
     TensorFlow: one `tf.function` with an int32 `(None, None)` input
     signature (traced once for every batch size and source length), with
@@ -384,7 +399,7 @@ def compile_translate_ids(
     """
 
     def run(source_ids):
-        return translate_ids(model, source_ids, beam_size, alpha, max_extra_length)
+        return translate_ids(model, source_ids, beam_size, alpha, max_extra_length, num_hypotheses)
 
     backend = keras.backend.backend()
     if backend == "tensorflow":

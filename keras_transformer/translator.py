@@ -94,9 +94,11 @@ class Translator:
         self.batch_size = batch_size
         if not model.built:
             model.build()
+        self.jit_compile = jit_compile
         self._translate_ids = compile_translate_ids(
             model, **self.search.to_dict(), jit_compile=jit_compile
         )
+        self._n_best = {}  # num_hypotheses -> its compiled search
 
     @classmethod
     def from_preset(cls, work_dir, **kwargs):
@@ -163,16 +165,21 @@ class Translator:
         texts = self.tokenizer.detokenize(pieces)
         return [_as_text(text) for text in texts]
 
+    def _padded(self, source_ids, batch):
+        """`(len(batch), W)` int32 of the sources `batch` (longest first), padded
+        to W, the longest rounded up to 8 (so JAX compiles for a few shapes)."""
+        width = -(-len(source_ids[batch[0]]) // 8) * 8
+        padded = np.full((len(batch), width), self.config.pad_id, dtype="int32")
+        for row, i in enumerate(batch):
+            padded[row, : len(source_ids[i])] = source_ids[i]
+        return padded
+
     def translate_ids(self, source_ids, progress=False):
         """Lists of source ids -> lists of output ids, batched by length ([] -> [])."""
         outputs = [[] for _ in source_ids]
 
         def run(batch):
-            width = -(-len(source_ids[batch[0]]) // 8) * 8  # the longest, rounded up to 8
-            padded = np.full((len(batch), width), self.config.pad_id, dtype="int32")
-            for row, i in enumerate(batch):
-                padded[row, : len(source_ids[i])] = source_ids[i]
-            ids = keras.ops.convert_to_numpy(self._translate_ids(padded))
+            ids = keras.ops.convert_to_numpy(self._translate_ids(self._padded(source_ids, batch)))
             for row, i in enumerate(batch):
                 outputs[i] = ids[row].tolist()
 
@@ -180,11 +187,57 @@ class Translator:
         frontend.run_batches(batches, run, progress)
         return outputs
 
-    def translate(self, sentences, progress=False):
+    def translate(self, sentences, progress=False, num_hypotheses=None, return_scores=False):
         """A list of strings -> a list of translations, in the same order.
 
         Args:
             sentences: list of str.
             progress: bool. Show a progress bar (tqdm, on stderr).
+            num_hypotheses: None, or int N <= the beam size: the N best
+                hypotheses of the beam search, best first, for each sentence.
+            return_scores: bool. Pair each translation with its score, the
+                length-penalized log-probability the beam ranks by (with
+                beam size 1, a beam of one).
+
+        Returns:
+            list of str; with `num_hypotheses`, a list of lists of N; with
+            `return_scores`, `(translation, score)` tuples in their place.
+            A blank sentence gives "" (N times) with score 0.0.
         """
-        return self.decode(self.translate_ids(self.encode(sentences), progress=progress))
+        if num_hypotheses is None and not return_scores:
+            return self.decode(self.translate_ids(self.encode(sentences), progress=progress))
+        n = 1 if num_hypotheses is None else num_hypotheses
+        hypotheses = self.translate_n_best(self.encode(sentences), n, progress)
+        results = []
+        for ids, scores in hypotheses:
+            texts = self.decode(ids) if ids else [""] * n
+            entry = list(zip(texts, scores, strict=True)) if return_scores else texts
+            results.append(entry if num_hypotheses is not None else entry[0])
+        return results
+
+    def translate_n_best(self, source_ids, num_hypotheses, progress=False):
+        """Lists of source ids -> `(N output id lists, N scores)` per sentence
+        (`([], [0.0] * N)` for an empty source), from `decoding.translate_ids`."""
+        search = self.search
+        if not isinstance(num_hypotheses, int) or not 1 <= num_hypotheses <= search.beam_size:
+            raise ValueError(
+                f"num_hypotheses must be between 1 and the beam size {search.beam_size}. "
+                f"Received: num_hypotheses={num_hypotheses!r}"
+            )
+        if num_hypotheses not in self._n_best:
+            self._n_best[num_hypotheses] = compile_translate_ids(
+                self.model, **search.to_dict(), jit_compile=self.jit_compile,
+                num_hypotheses=num_hypotheses,
+            )  # fmt: skip
+        run_search = self._n_best[num_hypotheses]
+        outputs = [([], [0.0] * num_hypotheses) for _ in source_ids]
+
+        def run(batch):
+            ids, scores = run_search(self._padded(source_ids, batch))
+            ids, scores = keras.ops.convert_to_numpy(ids), keras.ops.convert_to_numpy(scores)
+            for row, i in enumerate(batch):
+                outputs[i] = (ids[row].tolist(), [float(x) for x in scores[row]])
+
+        batches = frontend.batches_by_length([len(ids) for ids in source_ids], self.batch_size)
+        frontend.run_batches(batches, run, progress)
+        return outputs

@@ -182,3 +182,43 @@ def test_a_work_directory_translates_with_its_runs_search(tokenizer, tmp_path, c
     assert capsys.readouterr().out.split("\n") == expected + [""]
     (tmp_path / "run.json").unlink()  # no run record: the paper's search
     assert workdir.read_search(work_dir) == PAPER
+
+
+@pytest.mark.multibackend
+def test_n_best_with_scores_are_the_beams_own_hypotheses(tokenizer):
+    """`translate(..., num_hypotheses=K, return_scores=True)` gives the K
+    hypotheses and scores of `beam_search` itself, best first; the first is
+    the plain translation."""
+    from keras_transformer.decoding import beam_search, output_limits, suppress_tokens
+
+    model = tiny_model()
+    translator = Translator(model, tokenizer, beam_size=3, max_extra_length=4)
+    sentences = ["the cat sat", "", "good morning"]
+    n_best = translator.translate(sentences, num_hypotheses=3, return_scores=True)
+    assert n_best[1] == [("", 0.0)] * 3  # blank input does not run the model
+    assert [hypotheses[0][0] for hypotheses in n_best] == translator(sentences)
+    config = model.config
+    for sentence, hypotheses in zip(sentences, n_best, strict=True):
+        if not sentence:
+            continue
+        source = np.array(translator.encode([sentence]))
+        buffer_length, max_lengths = output_limits(source, 4, config.max_length, config.pad_id)
+        sequences, scores = beam_search(
+            suppress_tokens(model.decode_step, (config.pad_id, config.bos_id)),
+            model.init_cache(source, buffer_length), np.array([config.bos_id]), buffer_length,
+            eos_id=config.eos_id, beam_size=3, alpha=translator.search.alpha,
+            max_lengths=max_lengths, pad_id=config.pad_id,
+        )  # fmt: skip
+        expected_texts = translator.decode(keras.ops.convert_to_numpy(sequences)[0])
+        assert [text for text, _ in hypotheses] == expected_texts
+        np.testing.assert_allclose(
+            [score for _, score in hypotheses], keras.ops.convert_to_numpy(scores)[0], atol=1e-5
+        )
+        assert all(a >= b for (_, a), (_, b) in zip(hypotheses, hypotheses[1:], strict=False))
+    assert translator.translate(["the cat sat"], num_hypotheses=2) == [
+        [text for text, _ in n_best[0][:2]]
+    ]
+    text, score = translator.translate(["the cat sat"], return_scores=True)[0]
+    assert text == n_best[0][0][0] and score == pytest.approx(n_best[0][0][1], abs=1e-5)
+    with pytest.raises(ValueError, match="num_hypotheses must be between 1 and the beam size 3"):
+        translator.translate(["the cat sat"], num_hypotheses=4)
