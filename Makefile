@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[jax,torch,dev]"
+	$(PY) -m pip install --quiet -e ".[all,dev]"
 	touch $(STAMP)
 
 install: $(STAMP)
