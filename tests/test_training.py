@@ -136,6 +136,14 @@ def test_killed_run_resumes_from_backup_without_repeating_epochs(corpus, tmp_pat
     assert "Epoch 2/3" in output and "Epoch 3/3" in output
     info = json.loads((work_dir / "run.json").read_text())
     assert info["training"]["epochs_run"] == 2  # epochs 2 and 3 only
+    # The resumed run knows what came before: the first process's epoch and
+    # training time (which a --max-train-minutes budget subtracts), and its
+    # optimizer steps count in the run's total (which --init-from continues).
+    assert "Run: resumed, after 1 epochs" in output
+    assert info["run"]["kind"] == "resumed" and info["run"]["epochs"] == 1
+    assert info["run"]["train_seconds"] > 0
+    assert info["metrics"]["train_steps"] == 80
+    assert info["metrics"]["optimizer_steps"] == 120
 
 
 def _free_ports(count):
