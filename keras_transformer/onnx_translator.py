@@ -102,6 +102,12 @@ class OnnxTranslator:
         options.register_custom_ops_library(onnxruntime_extensions.get_library_path())
         self.session = ort.InferenceSession(path, options, providers=list(providers))
 
+    @classmethod
+    def load(cls, export_dir, **kwargs):
+        """The `OnnxTranslator` of an ONNX export (`OnnxTranslator(export_dir, **kwargs)`),
+        named as `Translator.load(work_dir)` is."""
+        return cls(export_dir, **kwargs)
+
     def _feeds(self, beam_size=None, alpha=None, max_extra_length=None):
         """The graph's optional inputs, checked; None takes the translator's setting."""
         search = self.search.replace(

@@ -101,6 +101,12 @@ class Translator:
         self._n_best = {}  # num_hypotheses -> its compiled search
 
     @classmethod
+    def load(cls, work_dir, **kwargs):
+        """The `Translator` of a trained work directory (`from_preset`); named as
+        `OnnxTranslator.load(export_dir)` is, for the ONNX export."""
+        return cls.from_preset(work_dir, **kwargs)
+
+    @classmethod
     def from_preset(cls, work_dir, **kwargs):
         """The `Translator` of a trained work directory: its model and its tokenizer.
 

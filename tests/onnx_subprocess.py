@@ -41,10 +41,10 @@ def main():
     sys.meta_path.insert(0, _Blocker())
     import numpy as np
 
-    from keras_transformer.onnx_translator import OnnxTranslator
+    from keras_transformer import OnnxTranslator  # the one import, with Keras and TF blocked
 
     export_dir = sys.argv[1]
-    translator = OnnxTranslator(export_dir, batch_size=32, intra_op_num_threads=1)
+    translator = OnnxTranslator.load(export_dir, batch_size=32, intra_op_num_threads=1)
     results = {}
     for job in json.load(sys.stdin):
         sentences = _sentence(job.get("sentences"))

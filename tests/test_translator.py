@@ -152,6 +152,9 @@ def test_from_preset_loads_a_work_directory(tokenizer, tmp_path):
     assert translator(sentences) == Translator(model, tokenizer, beam_size=2, max_extra_length=4)(
         sentences
     )
+    assert Translator.load(work_dir, beam_size=2, max_extra_length=4)(sentences) == translator(
+        sentences
+    )
     # Architecture presets keep their names (random weights, no tokenizer).
     assert Transformer.from_preset("tiny").config.vocab_size == 1000
     with pytest.raises(ValueError, match="overrides"):
@@ -218,6 +221,9 @@ def test_n_best_with_scores_are_the_beams_own_hypotheses(tokenizer):
     assert translator.translate(["the cat sat"], num_hypotheses=2) == [
         [text for text, _ in n_best[0][:2]]
     ]
+    import keras_transformer
+
+    assert keras_transformer.Translator is Translator  # one import for both translators
     text, score = translator.translate(["the cat sat"], return_scores=True)[0]
     assert text == n_best[0][0][0] and score == pytest.approx(n_best[0][0][1], abs=1e-5)
     with pytest.raises(ValueError, match="num_hypotheses must be between 1 and the beam size 3"):
