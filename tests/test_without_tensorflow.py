@@ -76,7 +76,8 @@ def test_the_ding_default_without_tensorflow_reuses_its_tokenized_splits(tmp_pat
         "".join(f"{g} :: {e}\n" for g, e in number_pairs(3000, seed=5)), encoding="utf-8"
     )
     run = (
-        "import sys; from keras_transformer.training import run; "
+        "import logging, sys; from keras_transformer.training import run; "
+        "logging.basicConfig(level=logging.INFO); "
         "run(preset='tiny', vocab_size=64, batch_tokens=256, epochs=2, steps=20, "
         "validation_bleu_every=0, test_samples=10, beam_size=1, ding_path=sys.argv[1], "
         "work_dir=sys.argv[2])"
@@ -88,7 +89,7 @@ def test_the_ding_default_without_tensorflow_reuses_its_tokenized_splits(tmp_pat
     # A second run of the same corpus and vocabulary reads the splits back.
     second = tmp_path / "second"
     second.mkdir()
-    for name in ("vocab.model",):
+    for name in ("vocab.model", "corpus.json"):
         (second / name).write_bytes((first / name).read_bytes())
     (second / "data").mkdir()
     for name in os.listdir(first / "data"):
