@@ -19,8 +19,9 @@ go through each step:
 
     keras_transformer      this package's `Transformer`, compiled with the paper's
                            recipe as train.py does, `train_on_batch` (`fit`'s step);
-                           on packed rows with XLA where train.py uses it
-                           (`training.use_xla`), on buckets without (as `--no-pack`)
+                           on packed rows with XLA (`--no-jit-compile`: without;
+                           train.py's calibration picks per machine), on buckets
+                           without (as `--no-pack`)
     keras_hub              `_common._keras_hub_model` in `keras_hub_loop`'s own
                            `tf.function` step (Adam, label-smoothed cross-entropy);
                            it has no segment masks, so no packed rows
@@ -53,6 +54,10 @@ def parse_args(argv=None):
     parser.add_argument("--batch-tokens", type=int, default=1024)
     parser.add_argument("--batches", type=int, default=60, help="timed batches per pass")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--jit-compile", action=argparse.BooleanOptionalAction, default=True,
+        help="XLA for the packed step (default on: what the calibration chose on the 2-core CPUs)",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -122,7 +127,6 @@ def main(argv=None):
     from keras_transformer.config import get_preset
     from keras_transformer.hardware import describe_cpu
     from keras_transformer.recipe import compile_with_paper_recipe
-    from keras_transformer.training import use_xla
 
     overrides = {} if args.dropout is None else {"dropout": args.dropout}
     config = get_preset(args.preset, **overrides)
@@ -133,7 +137,7 @@ def main(argv=None):
     keras.utils.set_random_seed(0)
     first = {key: tensors["loop"][0][0][key] for key in ("source_ids", "target_ids")}
     models = {}
-    jit = use_xla(None, "float32", bool(tf.config.list_physical_devices("GPU")), pack=True)
+    jit = args.jit_compile
     for name, jit_compile in (("packed", jit), ("buckets", False)):
         models[name] = _common.build_model("keras_transformer", config)
         models[name](first)
