@@ -146,6 +146,13 @@ def parse_args(argv=None):
     )
     parser.add_argument("--no-export", dest="export", action="store_false")
     parser.add_argument(
+        "--prepare-only",
+        action="store_true",
+        help="write the vocabulary and the tokenized splits to --work-dir and stop (as "
+        "fairseq-preprocess); the same command without it, here or on another machine "
+        "with the work directory copied, trains from them",
+    )
+    parser.add_argument(
         "--debug", action="store_true", help="show the traceback of an error, not one line"
     )
     return parser.parse_args(argv)

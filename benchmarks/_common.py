@@ -26,6 +26,7 @@ import sys
 import time
 
 CANDIDATES = ("keras_transformer", "keras_hub", "keras_mha")
+# Also built: "keras_transformer_fused", this package with `use_fused_attention=True`.
 
 
 # --------------------------------------------------------------------------- processes
@@ -156,11 +157,13 @@ def training_flops(config, batch_size, source_length, target_length, attention=T
 # --------------------------------------------------------------------------- data
 
 
-def make_batch(config, batch_size, source_length, target_length, seed=0):
+def make_batch(config, batch_size, source_length, target_length, seed=0, padding=True):
     """A fixed in-memory batch: x = {source_ids, target_ids}, y = next-token labels.
 
-    The last quarter of every other source/target row is padding, so the
-    padding masks do real work in all builds.
+    With `padding`, the last quarter of every other source/target row is
+    padding, so the padding masks do real work in all builds; without, every
+    position is a real token (as in a packed batch), so tokens/s and model
+    FLOPs count only real tokens.
     """
     import numpy as np
 
@@ -168,8 +171,9 @@ def make_batch(config, batch_size, source_length, target_length, seed=0):
     low = max(config.pad_id, config.bos_id, config.eos_id) + 1
     source = rng.integers(low, config.vocab_size, (batch_size, source_length), dtype="int32")
     labels = rng.integers(low, config.vocab_size, (batch_size, target_length), dtype="int32")
-    source[::2, source_length - source_length // 4 :] = config.pad_id
-    labels[::2, target_length - target_length // 4 :] = config.pad_id
+    if padding:
+        source[::2, source_length - source_length // 4 :] = config.pad_id
+        labels[::2, target_length - target_length // 4 :] = config.pad_id
     target = np.concatenate(
         [np.full((batch_size, 1), config.bos_id, dtype="int32"), labels[:, :-1]], axis=1
     )
@@ -184,15 +188,18 @@ def build_model(name, config):
     """One of `CANDIDATES`, with the architecture of `config` and the global dtype policy."""
     from keras_transformer import Transformer
 
-    if name == "keras_transformer":
+    if name in ("keras_transformer", "keras_transformer_fused"):
         import dataclasses
 
-        return Transformer(**dataclasses.asdict(config))
+        fused = name.endswith("_fused") or config.use_fused_attention
+        return Transformer(**dataclasses.asdict(config) | {"use_fused_attention": fused})
     if name == "keras_hub":
         return _keras_hub_model(config)
     if name == "keras_mha":
         return _keras_mha_model(config)
-    raise ValueError(f"Unknown candidate {name!r}. Available: {CANDIDATES}")
+    raise ValueError(
+        f"Unknown candidate {name!r}. Available: {CANDIDATES + ('keras_transformer_fused',)}"
+    )
 
 
 def _keras_hub_model(config):

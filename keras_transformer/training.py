@@ -166,12 +166,18 @@ def run(config=None, /, **options):
             epochs=1))`. None means the preset's default (`TRAINING_DEFAULTS`).
 
     Returns:
-        dict: the contents of `run.json`.
+        dict: the contents of `run.json` (with `prepare_only`: `{"prepared": work_dir}`).
     """
     wall_start = time.time()
     config, finished = _training_config(config, options)
     machine = set_up_machine(config)
     inputs = prepare_inputs(config, machine, finished)
+    if config.prepare_only:
+        logger.info(
+            "--prepare-only: the vocabulary and the tokenized splits are in %s; the same "
+            "command without it trains from them", machine.out.path,
+        )  # fmt: skip
+        return {"prepared": machine.out.path}
     progress = run_progress(config, machine)
     model, machine = calibrated_model(config, machine, inputs, finished)
     fitted = fit(model, config, machine, inputs, finished, wall_start, progress)
@@ -671,7 +677,7 @@ def make_callbacks(config, machine, inputs, initial_step=0, progress=None):
     # Keras's TensorBoard callback writes with `tf.summary` on every backend.
     if not importable("tensorflow"):
         logger.info("No TensorBoard logs without TensorFlow; the curves are in run.json.")
-    elif keras.backend.backend() != "tensorflow" or importable("tensorboard"):
+    elif importable("tensorboard"):  # tf.summary needs it, on every backend
         callbacks.append(keras.callbacks.TensorBoard(out.logs))
     else:
         logger.warning(

@@ -137,6 +137,9 @@ class TrainingConfig:
     alpha: float | None = None  # length penalty, as `beam_size`
     average_last: int | None = None  # average up to this many last checkpoints; 1: none
     export: bool = True  # SavedModel and ONNX at the end
+    # Stop after the vocabulary and the tokenized shards are written (as
+    # `fairseq-preprocess`): tokenize on one machine, train on another.
+    prepare_only: bool = False
 
     def __post_init__(self):
         positive = ("epochs", "steps", "batch_tokens", "warmup_steps", "vocab_size",

@@ -4,12 +4,14 @@ As on a GPU machine with JAX or torch and no TensorFlow: `train.py` runs
 in a subprocess whose path finder hides them (`without_tensorflow/
 sitecustomize.py`), under JAX and under torch, on a folder of text files
 and on a Ding-format dictionary; the loss falls, the test split is decoded,
-the tokenized splits are written once and read back by a later run, and
+the tokenized splits are written once (`--prepare-only` alone) and read back
+by a later run, and
 the export is skipped with a line that says how to run it elsewhere.
 """
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -60,14 +62,20 @@ def _check_run(result, work_dir):
 
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_train_py_on_a_folder_without_tensorflow(backend, tmp_path):
+    """Prepared with --prepare-only in one folder, trained from a copy of it (as on
+    another machine): the vocabulary and the tokenized splits are read back."""
     corpus = write_parallel_folder(tmp_path / "numbers", sizes=(400, 20, 20))
-    work_dir = tmp_path / "work"
-    result = _run(
-        ["train.py", *TINY_ARGS, "--data-dir", str(corpus), "--work-dir", str(work_dir)], backend
-    )
-    info, output = _check_run(result, work_dir)
+    prepared, work_dir = tmp_path / "prepared", tmp_path / "work"
+    args = ["train.py", *TINY_ARGS, "--data-dir", str(corpus)]
+    result = _run([*args, "--work-dir", str(prepared), "--prepare-only"], backend)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert "Tokenized 400 train pairs" in result.stderr
+    assert "--prepare-only: the vocabulary and the tokenized splits are in" in result.stderr
+    assert sorted(os.listdir(prepared)) == ["corpus.json", "data", "vocab.model"]
+    shutil.copytree(prepared, work_dir)
+    info, output = _check_run(_run([*args, "--work-dir", str(work_dir)], backend), work_dir)
     assert info["training"]["backend"] == backend
-    assert "Tokenized 400 train pairs" in output
+    assert "Read the tokenized 400 train pairs" in output
 
 
 def test_the_ding_default_without_tensorflow_reuses_its_tokenized_splits(tmp_path):

@@ -1,0 +1,238 @@
+"""The reference most users of the field would write: the same Transformer in plain PyTorch.
+
+    python benchmarks/torch_reference.py --preset base --batch-size 384 --length 64 \\
+        --no-padding --matmul-size 8192          # on a GPU: bf16 autocast + torch.compile
+    python benchmarks/torch_reference.py --preset tiny --no-compile   # a CPU smoke run
+
+`torch.nn.Transformer` (post-LN, ReLU, dropout on embeddings and every
+residual branch, `batch_first`), sinusoidal positions, one embedding matrix
+shared by source, target and the output projection (inputs scaled by
+sqrt(d_model)), label-smoothed cross-entropy (0.1, padding ignored) and
+Adam (0.9, 0.98, 1e-9; `fused=True` on a GPU) under the paper's learning
+rate schedule. Mixed precision is `torch.autocast` in bfloat16 with float32
+weights, as `mixed_bfloat16` in Keras; `torch.compile` compiles the model
+(default mode). Its attention is `nn.MultiheadAttention`, which calls
+`F.scaled_dot_product_attention` with the merged causal and padding mask.
+One difference from the Keras builds: `nn.Transformer` adds a final
+LayerNorm after each stack (2 of about 40 LayerNorms; no matmul FLOPs).
+
+The batch is `_common.make_batch`'s, as in `train_throughput.py`, and the
+output one JSON line in that script's worker format, so its `--json`
+results and these go in one table. Each round times `--steps` steps,
+synchronizes the device once, and the median over rounds is reported.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import _common  # noqa: E402
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--length", type=int, default=32, help="source and target length")
+    parser.add_argument("--no-padding", action="store_true", help="no padded rows in the batch")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per round")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps (compilation)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--dtype", default="bfloat16", help="autocast dtype, or float32")
+    parser.add_argument("--no-compile", dest="compile", action="store_false")
+    parser.add_argument("--matmul-size", type=int, default=2048)
+    parser.add_argument("--json", help="also write the result here")
+    return parser.parse_args(argv)
+
+
+def sinusoids(length, d_model):
+    import torch
+
+    position = torch.arange(length, dtype=torch.float32)[:, None]
+    rate = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(1e4) / d_model))
+    table = torch.zeros(length, d_model)
+    table[:, 0::2] = torch.sin(position * rate)
+    table[:, 1::2] = torch.cos(position * rate)
+    return table
+
+
+def build(config):
+    import torch
+    from torch import nn
+
+    class Reference(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embedding = nn.Embedding(config.vocab_size, config.d_model)
+            nn.init.normal_(self.embedding.weight, std=config.d_model**-0.5)
+            self.transformer = nn.Transformer(
+                d_model=config.d_model,
+                nhead=config.num_heads,
+                num_encoder_layers=config.num_layers,
+                num_decoder_layers=config.num_layers,
+                dim_feedforward=config.d_ff,
+                dropout=config.dropout,
+                layer_norm_eps=config.layer_norm_epsilon,
+                batch_first=True,
+                norm_first=False,
+            )
+            self.dropout = nn.Dropout(config.dropout)
+            self.register_buffer("positions", sinusoids(config.max_length, config.d_model))
+
+        def embed(self, ids):
+            x = self.embedding(ids) * math.sqrt(config.d_model)
+            return self.dropout(x + self.positions[: ids.shape[1]])
+
+        def forward(self, source, target):
+            length = target.shape[1]
+            causal = torch.triu(
+                torch.ones(length, length, dtype=torch.bool, device=target.device), diagonal=1
+            )
+            source_padding = source == config.pad_id
+            hidden = self.transformer(
+                self.embed(source),
+                self.embed(target),
+                tgt_mask=causal,
+                src_key_padding_mask=source_padding,
+                tgt_key_padding_mask=target == config.pad_id,
+                memory_key_padding_mask=source_padding,
+                tgt_is_causal=True,
+            )
+            return hidden @ self.embedding.weight.T
+
+    return Reference()
+
+
+def matmul_flops_per_s(size, dtype, device):
+    import torch
+
+    a = torch.randn(size, size, dtype=dtype, device=device)
+    b = torch.randn(size, size, dtype=dtype, device=device)
+    a @ b  # warm-up
+    times = []
+    for _ in range(5):
+        _synchronize(device)
+        start = time.perf_counter()
+        for _ in range(10):
+            a @ b
+        _synchronize(device)
+        times.append((time.perf_counter() - start) / 10)
+    return 2 * size**3 / _common.median(times)
+
+
+def _synchronize(device):
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import torch
+    import torch.nn.functional as F
+
+    from keras_transformer.config import get_preset
+
+    config = get_preset(args.preset)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    x, y = _common.make_batch(
+        config, args.batch_size, args.length, args.length, padding=not args.no_padding
+    )
+    source = torch.as_tensor(x["source_ids"], dtype=torch.long, device=device)
+    target = torch.as_tensor(x["target_ids"], dtype=torch.long, device=device)
+    labels = torch.as_tensor(y, dtype=torch.long, device=device)
+
+    model = build(config).to(device).train()
+    params = sum(p.numel() for p in model.parameters())
+    optimizer = torch.optim.Adam(
+        model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9, fused=device.type == "cuda"
+    )
+    warmup = 4000
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda step: config.d_model**-0.5 * min((step + 1) ** -0.5, (step + 1) * warmup**-1.5),
+    )
+    forward = torch.compile(model) if args.compile else model
+    autocast_dtype = getattr(torch, args.dtype)
+
+    def train_step():
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=args.dtype != "float32"):
+            logits = forward(source, target)
+        loss = F.cross_entropy(
+            logits.float().reshape(-1, config.vocab_size),
+            labels.reshape(-1),
+            ignore_index=config.pad_id,
+            label_smoothing=0.1,
+        )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        return loss.detach()
+
+    start = time.perf_counter()
+    compiled = args.compile
+    try:
+        for _ in range(args.warmup):
+            loss = train_step()
+    except Exception as error:  # noqa: BLE001 - a reference that runs beats none
+        if not args.compile:
+            raise
+        print(f"torch.compile failed ({type(error).__name__}: {error}); eager", file=sys.stderr)
+        forward, compiled = model, False
+        for _ in range(args.warmup):
+            loss = train_step()
+    float(loss)
+    warmup_s = time.perf_counter() - start
+    times = []
+    for _ in range(args.rounds):
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            loss = train_step()
+        float(loss)  # synchronizes
+        times.append((time.perf_counter() - start) / args.steps)
+
+    matmul = {"float32": matmul_flops_per_s(args.matmul_size, torch.float32, device)}
+    if args.dtype != "float32":
+        matmul[args.dtype] = matmul_flops_per_s(args.matmul_size, autocast_dtype, device)
+    flops = _common.training_flops(config, args.batch_size, args.length, args.length)
+    tokens = args.batch_size * 2 * args.length
+    step = _common.median(times)
+    result = {
+        "backend": "torch (plain PyTorch)",
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "jit_compile": compiled,
+        "dtype": args.dtype if args.dtype == "float32" else f"mixed_{args.dtype}",
+        "tokens_per_step": tokens,
+        "flops_per_step": flops,
+        "matmul_flops_per_s": matmul,
+        "warmup_s": warmup_s,
+        "final_loss": float(loss),
+        "candidates": {
+            "torch_reference": {
+                "params": params,
+                "step_s": times,
+                "median_step_s": step,
+                "tokens_per_s": tokens / step,
+                "flops_per_s": flops / step,
+            }
+        },
+    }
+    line = json.dumps(result)
+    print(line)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()
