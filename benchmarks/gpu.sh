@@ -14,6 +14,8 @@
 #    for a CPU machine to export;
 # 3. this package under Keras's torch backend, with what time is left.
 #
+# STEPS="ding" (any of: jax torch_reference ding torch_backend) runs only those.
+#
 # On a machine without TensorFlow or Keras (the lent GPU machine), wheels in .whl/
 # (keras, keras-hub, namex, optree, kagglehub, kagglesdk) are installed to
 # /tmp/site first, and the Ding file is read from .corpus/de-en. The Ding run
@@ -30,9 +32,11 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site:$PWD
 fi
 
+STEPS=${STEPS:-"jax torch_reference ding torch_backend"}
 step() {  # step NAME SECONDS COMMAND...: runs COMMAND under a time limit, logged
   local name=$1 limit=$2
   shift 2
+  [[ " $STEPS " == *" $name "* ]] || return 0
   echo "=== $name $(date +%T) (limit ${limit}s): $*" >>"$LOG"
   timeout -k 10 "$limit" "$@" >>"$LOG" 2>&1
   echo "=== $name rc=$? $(date +%T)" >>"$LOG"
@@ -54,7 +58,7 @@ step ding 220 env KERAS_BACKEND=jax python3 train.py --preset small --vocab-size
   --ding-path .corpus/de-en --work-dir "$DING" --batch-tokens 8192 --warmup-steps 1000 \
   --steps 500 --epochs 100 --max-train-minutes "$DING_MINUTES" --validation-bleu-every 0 \
   --test-samples 1000 --dtype-policy mixed_bfloat16 --no-export
-tar -C "$(dirname "$DING")" --exclude data --exclude backup --exclude checkpoints -cf - "$(basename "$DING")" |
+[[ " $STEPS " == *" ding "* ]] && tar -C "$(dirname "$DING")" --exclude data --exclude backup --exclude checkpoints -cf - "$(basename "$DING")" |
   split -b 15m - "$OUT/ding_small.tar.part-"
 
 step torch_backend 50 python3 benchmarks/train_throughput.py --backends torch $BASE \

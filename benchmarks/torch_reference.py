@@ -47,6 +47,7 @@ def parse_args(argv=None):
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dtype", default="bfloat16", help="autocast dtype, or float32")
     parser.add_argument("--no-compile", dest="compile", action="store_false")
+    parser.add_argument("--dropout", type=float, help="replaces the preset's dropout")
     parser.add_argument("--matmul-size", type=int, default=2048)
     parser.add_argument("--json", help="also write the result here")
     return parser.parse_args(argv)
@@ -142,6 +143,8 @@ def main(argv=None):
     from keras_transformer.config import get_preset
 
     config = get_preset(args.preset)
+    if args.dropout is not None:
+        config = get_preset(args.preset, dropout=args.dropout)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     x, y = _common.make_batch(

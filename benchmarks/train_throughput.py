@@ -80,6 +80,7 @@ def parse_args(argv=None):
         help="defaults to the preset's dropout, since keras-hub applies it to attention weights",
     )
     parser.add_argument("--fused-attention", action="store_true", help="use_fused_attention=True")
+    parser.add_argument("--dropout", type=float, help="replaces the preset's dropout")
     parser.add_argument(
         "--threads",
         type=int,
@@ -107,6 +108,8 @@ def config_from(args):
     overrides = {}
     if args.fused_attention:
         overrides["use_fused_attention"] = True
+    if args.dropout is not None:
+        overrides["dropout"] = args.dropout
     config = get_preset(args.preset, **overrides)
     dropout = config.dropout if args.attention_dropout is None else args.attention_dropout
     import dataclasses
@@ -219,9 +222,11 @@ def _fused_kernel(config, batch_size, length):
     shape = (batch_size, length, config.num_heads, config.d_model // config.num_heads)
     q = jax.ShapeDtypeStruct(shape, dtype)
     mask = jax.ShapeDtypeStruct((batch_size, 1, length, length), "bool")
-    text = jax.jit(lambda q, k, v, m: ops.dot_product_attention(q, k, v, mask=m)).lower(
-        q, q, q, mask
-    ).as_text()
+    text = (
+        jax.jit(lambda q, k, v, m: ops.dot_product_attention(q, k, v, mask=m))
+        .lower(q, q, q, mask)
+        .as_text()
+    )
     return "cudnn" if "cudnn" in text else "xla"
 
 

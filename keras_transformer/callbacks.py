@@ -54,7 +54,16 @@ class LearningRateLogger(keras.callbacks.Callback):
 
 
 class TerminateOnNaN(keras.callbacks.TerminateOnNaN):
-    """`TerminateOnNaN` that says what to try next."""
+    """`TerminateOnNaN` that says what to try next, and lets steps run ahead.
+
+    `async_safe`: under JAX and torch Keras then reads each step's loss in its
+    callback thread while the next steps run, instead of waiting for every
+    step to finish before it assembles and dispatches the next one. Training
+    stops a few steps after a non-finite loss instead of at once; the weights
+    are not kept (`BackupAndRestore` holds the last epoch's).
+    """
+
+    async_safe = True
 
     def on_batch_end(self, batch, logs=None):
         loss = (logs or {}).get("loss")
@@ -64,11 +73,13 @@ class TerminateOnNaN(keras.callbacks.TerminateOnNaN):
                 "--warmup-steps), fewer --batch-tokens, or --preset with norm_first=True.",
                 batch, loss,
             )  # fmt: skip
-        super().on_batch_end(batch, logs)
+            # `_model`, not `model`: under JAX the property would sync the training
+            # state back into the variables from this thread, under the running steps.
+            self._model.stop_training = True
 
 
 class TimeBudget(keras.callbacks.Callback):
-    """Stops training after the first step that ends past `minutes` of training.
+    """Stops training after the first step that begins past `minutes` of training.
 
     Keras still runs that epoch's validation and `on_epoch_end` callbacks.
     """
@@ -82,7 +93,9 @@ class TimeBudget(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self.start = time.time()
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_begin(self, batch, logs=None):
+        # Checked as a step begins (that step still runs): no batch-end hook, so
+        # under JAX and torch the step loop need not wait for the device.
         if not self.stopped and time.time() - self.start >= self.seconds:
             self.stopped = True
             self.model.stop_training = True
@@ -164,13 +177,12 @@ class Cooldown(keras.callbacks.Callback):
         return float(self.schedule(self.first_step + self.steps)) * factor
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self.steps % self.every:
-            return
-        # Under JAX, `self.model` syncs the optimizer's state back into its
-        # variables (Keras's `Callback.model`), and the next step reads them.
-        self.model.optimizer.learning_rate.assign(self.rate())
-
-    def on_train_batch_end(self, batch, logs=None):
+        if self.steps % self.every == 0:
+            # Under JAX, `self.model` syncs the optimizer's state back into its
+            # variables (Keras's `Callback.model`), and the next step reads them.
+            self.model.optimizer.learning_rate.assign(self.rate())
+        # Counted here, not in `on_train_batch_end`: a callback with no batch-end hook
+        # lets Keras run the step loop ahead of the device (see `PhaseTimer`).
         self.steps += 1
 
 
@@ -207,9 +219,14 @@ class PhaseTimer(keras.callbacks.Callback):
     validation-loss curve against minutes of training.
 
     Attributes:
-        steps, step_seconds: training steps run and the time spent in them
-            (from `on_train_batch_begin` to `on_train_batch_end`; the first
-            step, which traces the function, is in `first_step_seconds`).
+        steps, step_seconds: training steps run and the time spent in them,
+            from one `on_train_batch_begin` to the next (the last step of an
+            epoch ends where validation or `on_epoch_end` begins); the first
+            step, which traces the function, is in `first_step_seconds`. No
+            batch-end hook: where no callback has one (or each is
+            `async_safe`), Keras under JAX and torch dispatches the next step
+            while the device runs the last, and the host's work per step
+            (assembling the batch, copying it) overlaps the device's.
         validation_seconds: in `evaluate` passes over the validation data.
         epoch_end_seconds: in the other callbacks' `on_epoch_end`.
         fit_seconds: from `on_train_begin` to `on_train_end`.
@@ -233,10 +250,15 @@ class PhaseTimer(keras.callbacks.Callback):
         self.fit_seconds = time.time() - self._clock["train"]
 
     def on_train_batch_begin(self, batch, logs=None):
+        self._end_step()
         self._clock["step"] = time.time()
 
-    def on_train_batch_end(self, batch, logs=None):
-        seconds = time.time() - self._clock["step"]
+    def _end_step(self):
+        """Closes the open step, if any, at this moment."""
+        start = self._clock.pop("step", None)
+        if start is None:
+            return
+        seconds = time.time() - start
         if self.steps == 0:
             self.first_step_seconds = seconds
         else:
@@ -244,12 +266,14 @@ class PhaseTimer(keras.callbacks.Callback):
         self.steps += 1
 
     def on_test_begin(self, logs=None):
+        self._end_step()
         self._clock["test"] = time.time()
 
     def on_test_end(self, logs=None):
         self.validation_seconds += time.time() - self._clock["test"]
 
     def on_epoch_end(self, epoch, logs=None):
+        self._end_step()
         self._clock["epoch_end"] = time.time()
         self.curve.append(
             {

@@ -649,10 +649,15 @@ def make_callbacks(config, machine, inputs, initial_step=0, progress=None):
     )
     out = machine.out
     spent = progress.train_seconds if progress is not None else 0.0
+    backup = keras.callbacks.BackupAndRestore(out.backup, delete_checkpoint=False)
+    checkpoint = keras.callbacks.ModelCheckpoint(out.checkpoint_pattern, save_weights_only=True)
+    for callback in (backup, checkpoint):
+        # They save per epoch (save_freq="epoch"): their batch-end hooks do nothing, and
+        # without this Keras would wait for every step before it dispatches the next.
+        callback.async_safe = True
     callbacks = [
         phases,
-        # Kept after training: the same command with a larger budget continues from it.
-        keras.callbacks.BackupAndRestore(out.backup, delete_checkpoint=False),
+        backup,  # kept after training: the same command with a larger budget continues from it
         TrainingClock(out.path, spent),  # after the backup it accounts for
         TerminateOnNaN(),
     ]
@@ -672,13 +677,18 @@ def make_callbacks(config, machine, inputs, initial_step=0, progress=None):
     callbacks += [
         LearningRateLogger(),
         validation_bleu,  # before TensorBoard, which then logs its values
-        keras.callbacks.ModelCheckpoint(out.checkpoint_pattern, save_weights_only=True),
+        checkpoint,
     ]
     # Keras's TensorBoard callback writes with `tf.summary` on every backend.
     if not importable("tensorflow"):
         logger.info("No TensorBoard logs without TensorFlow; the curves are in run.json.")
     elif importable("tensorboard"):  # tf.summary needs it, on every backend
-        callbacks.append(keras.callbacks.TensorBoard(out.logs))
+        tensorboard = keras.callbacks.TensorBoard(out.logs)  # update_freq="epoch"
+        # Per epoch its batch-end hook writes nothing (no writer is pushed), as the
+        # checkpoints' above; it only matters where Keras dispatches asynchronously,
+        # under JAX and torch (not TensorFlow, whose Keras backend is not thread-safe).
+        tensorboard.async_safe = True
+        callbacks.append(tensorboard)
     else:
         logger.warning(
             "TensorBoard is not installed (`pip install tensorboard`); no logs/ written."
