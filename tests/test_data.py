@@ -1,5 +1,6 @@
 """Data: the Ding parser and builder, splits, parallel folders, vocabulary, batches."""
 
+import json
 import logging
 
 import numpy as np
@@ -330,6 +331,25 @@ def test_tf_dataset_and_py_dataset_give_the_same_batches(corpus, pack):
     for (a, a_labels), (b, b_labels) in zip(tf_evaluation, py_evaluation, strict=True):
         np.testing.assert_array_equal(a_labels, b_labels)
         np.testing.assert_array_equal(a["source_ids"], b["source_ids"])
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_the_next_pass_is_planned_ahead_as_inline(corpus, pack):
+    """While pass n trains, pass n + 1 is planned in a thread: the same plan as
+    planned inline, and no pass is planned twice."""
+    data, tokenizer, _ = corpus
+    split = tokenize_split(data.splits["train"], tokenizer, max_length=12)
+    batches = _batches(split, seed=7, pack=pack)
+
+    def plain(plan):  # lists of index arrays (buckets) or of (width, rows) (packed)
+        return json.dumps(plan, default=lambda array: array.tolist())
+
+    first = batches.training_pass(0)
+    ahead = batches._ahead[1]
+    assert plain(ahead.result()) == plain(_batches(split, seed=7, pack=pack).training_pass(1))
+    assert batches.training_pass(1) is ahead.result() and 1 not in batches._ahead
+    assert plain(first) != plain(ahead.result())  # another shuffle
+    assert batches._ahead[2] is not None
 
 
 def test_too_few_pairs_for_a_training_batch_is_an_error(corpus):
