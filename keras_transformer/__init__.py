@@ -36,6 +36,7 @@ _EXPORTS = {
     "TrainingConfig": "keras_transformer.training_config",
     "Translator": "keras_transformer.translator",
     "OnnxTranslator": "keras_transformer.onnx_translator",
+    "CTranslate2Translator": "keras_transformer.ctranslate2_translator",
     "compile_with_paper_recipe": "keras_transformer.recipe",
 }
 
@@ -48,7 +49,8 @@ def register_keras_classes():
     Call it (or import `keras_transformer.model`) before `keras.saving.load_model`
     of a file saved by this package.
     """
-    for module in sorted(set(_EXPORTS.values()) - {"keras_transformer.onnx_translator"}):
+    translators = {"keras_transformer.onnx_translator", "keras_transformer.ctranslate2_translator"}
+    for module in sorted(set(_EXPORTS.values()) - translators):
         importlib.import_module(module)
 
 

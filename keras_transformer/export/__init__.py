@@ -1,4 +1,5 @@
-"""Export a trained work directory for serving: a SavedModel for TF Serving and ONNX graphs.
+"""Export a trained work directory for serving: a SavedModel for TF Serving, ONNX graphs
+and a CTranslate2 model.
 
     from keras_transformer.export import export_all
     export_all("work", output_dir="saved_models", name="transformer")
@@ -9,6 +10,9 @@ writes, in TF Serving's layout, with one new integer version per call:
     saved_models/transformer/onnx/<version>/   translate.onnx (text in / text out),
                                                encoder.onnx, decoder_step.onnx,
                                                vocab.model, config.json
+    saved_models/transformer/ctranslate2/<version>/  model.bin, shared_vocabulary.json,
+                                               config.json, vocab.model,
+                                               keras_transformer.json
 
 TensorFlow is imported by the exporters (the model must be loaded under
 `KERAS_BACKEND=tensorflow`); tf2onnx only by the ONNX exporter.
@@ -29,7 +33,7 @@ from keras_transformer.search import PAPER, SearchConfig
 logger = logging.getLogger(__name__)
 
 DEFAULT_SEARCH = PAPER  # the search baked into the exports unless `search` says otherwise
-FORMATS = ("saved_model", "onnx")
+FORMATS = ("saved_model", "onnx", "ctranslate2")
 
 
 def load_work_dir(work_dir):
@@ -47,13 +51,18 @@ def _paths(output_dir, name, version):
     return {
         "saved_model": os.path.join(model_dir, str(version)),
         "onnx": os.path.join(model_dir, "onnx", str(version)),
+        "ctranslate2": os.path.join(model_dir, "ctranslate2", str(version)),
     }
 
 
 def new_version(output_dir, name):
-    """The next version number of `name`, one for both formats."""
+    """The next version number of `name`, one for every format."""
     model_dir = os.path.join(output_dir, name)
-    return max(next_version(model_dir), next_version(os.path.join(model_dir, "onnx")))
+    return max(
+        next_version(model_dir),
+        next_version(os.path.join(model_dir, "onnx")),
+        next_version(os.path.join(model_dir, "ctranslate2")),
+    )
 
 
 def export_all(
@@ -76,7 +85,7 @@ def export_all(
             in `output_dir/name`. An existing version is refused unless
             `overwrite=True`.
         overwrite: replace an existing version.
-        formats: any of `"saved_model"`, `"onnx"`.
+        formats: any of `"saved_model"`, `"onnx"`, `"ctranslate2"`.
         search: a `SearchConfig`, or a dict of the settings that replace
             `DEFAULT_SEARCH`'s (`beam_size`, `alpha`, `max_extra_length`):
             baked into the SavedModel, the defaults of translate.onnx.
@@ -92,7 +101,15 @@ def export_all(
         raise ValueError(f"name must be a plain directory name. Received: name={name!r}")
     search = SearchConfig.from_dict(search)
     check_work_dir(work_dir)  # fail before any slow import
-    if version is None:  # one new version number for both formats
+    if "ctranslate2" in formats:
+        import importlib.util
+
+        if importlib.util.find_spec("ctranslate2") is None:
+            raise ValueError(
+                "The ctranslate2 format needs the ctranslate2 package: "
+                "`pip install 'keras-transformer[ctranslate2]'` (or `pip install ctranslate2`)."
+            )
+    if version is None:  # one new version number for every format
         version = new_version(output_dir, name)
     version = check_version(version)
     paths = {f: p for f, p in _paths(output_dir, name, version).items() if f in formats}
@@ -124,6 +141,14 @@ def export_all(
                 search=search.to_dict(),
             )
         logger.info("ONNX graphs written to %s", paths["onnx"])
+    if "ctranslate2" in paths:
+        from keras_transformer.export.ctranslate2 import export as export_ctranslate2
+
+        with atomic_directory(paths["ctranslate2"], overwrite=overwrite) as staging:
+            export_ctranslate2(
+                model, workdir.WorkDir(work_dir).vocabulary, staging, search=search.to_dict()
+            )
+        logger.info("CTranslate2 model written to %s", paths["ctranslate2"])
     return paths
 
 

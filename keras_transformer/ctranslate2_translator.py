@@ -1,0 +1,165 @@
+"""Strings in, strings out with CTranslate2: the CTranslate2 export behind the package's front end.
+
+Imports neither Keras nor TensorFlow: `ctranslate2`, `sentencepiece` and
+numpy are all it needs, as `OnnxTranslator` needs onnxruntime.
+
+    translator = CTranslate2Translator.load("saved_models/transformer_de_en/ctranslate2/1")
+    translator("Guten Morgen.")
+    translator(["Guten Morgen.", "Danke!"], beam_size=1)
+
+The front end is `keras_transformer.frontend`'s, the one `Translator` and
+`OnnxTranslator` follow: blank sentences give "" without a batch slot, a
+sentence is cut to `max_length - 1` pieces plus EOS, a non-string is a
+`TypeError` naming its index, invalid UTF-8 bytes are decoded with U+FFFD.
+
+The search: greedy is the package's greedy search exactly (the same
+per-sentence length limit, EOS barred as the first token, padding and BOS
+never produced). Beam search is CTranslate2's: its length penalty divides
+the log-probability by `length ** alpha`, where the package's (the paper's,
+GNMT's) divides by `((5 + length) / 6) ** alpha`, and it stops a sentence
+when `beam_size` hypotheses have finished; with `alpha=0` both rank by the
+log-probability alone.
+"""
+
+import json
+import logging
+import os
+
+from keras_transformer import frontend
+
+logger = logging.getLogger(__name__)
+
+
+class CTranslate2Translator:
+    """Translates with a CTranslate2 export (`python -m keras_transformer.export --formats
+    ctranslate2`).
+
+    Args:
+        export_dir: the export's folder (`model.bin`, `vocab.model`, `keras_transformer.json`).
+        beam_size, alpha, max_extra_length: the search (default: the run's, from the
+            export, else 4, 0.6 and 50); each call can override them.
+        batch_size: int. Sentences per `translate_batch` call.
+        compute_type: CTranslate2's, e.g. "float32" (default, the export's weights),
+            "int8", "int8_float32".
+        intra_threads: int. CPU threads of one translation (0: CTranslate2's default).
+        device: "cpu" or "cuda".
+    """
+
+    def __init__(
+        self,
+        export_dir,
+        beam_size=None,
+        alpha=None,
+        max_extra_length=None,
+        batch_size=32,
+        compute_type="float32",
+        intra_threads=0,
+        device="cpu",
+    ):
+        import ctranslate2
+        import sentencepiece
+
+        info_path = os.path.join(export_dir, "keras_transformer.json")
+        if not os.path.isfile(info_path):
+            raise FileNotFoundError(
+                f"{export_dir} is not a CTranslate2 export of this package (no "
+                "keras_transformer.json); write one with `python -m keras_transformer.export "
+                "--work-dir WORK --formats ctranslate2`."
+            )
+        with open(info_path) as f:
+            self.info = json.load(f)
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(
+                f"batch_size must be a positive integer. Received: batch_size={batch_size!r}"
+            )
+        search = {"beam_size": 4, "alpha": 0.6, "max_extra_length": 50, **self.info["search"]}
+        given = dict(beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length)
+        self.search = {**search, **{k: v for k, v in given.items() if v is not None}}
+        self._check_search(**self.search)
+        self.batch_size = batch_size
+        self.processor = sentencepiece.SentencePieceProcessor(
+            model_file=os.path.join(export_dir, "vocab.model")
+        )
+        self.translator = ctranslate2.Translator(
+            export_dir, device=device, compute_type=compute_type, intra_threads=intra_threads
+        )
+        ids = self.info
+        self._pieces = [
+            self.processor.id_to_piece(i) for i in range(self.processor.get_piece_size())
+        ]
+        self._suppressed = [[self._pieces[ids["pad_id"]]], [self._pieces[ids["bos_id"]]]]
+
+    @classmethod
+    def load(cls, export_dir, **kwargs):
+        """`CTranslate2Translator(export_dir, **kwargs)`, named as `OnnxTranslator.load` is."""
+        return cls(export_dir, **kwargs)
+
+    @staticmethod
+    def _check_search(beam_size, alpha, max_extra_length):
+        if not isinstance(beam_size, int) or beam_size < 1:
+            raise ValueError(f"beam_size must be a positive integer. Received: {beam_size!r}")
+        if alpha < 0:
+            raise ValueError(f"alpha must be >= 0. Received: {alpha!r}")
+        if not isinstance(max_extra_length, int) or max_extra_length < 0:
+            raise ValueError(
+                f"max_extra_length must be an integer >= 0. Received: {max_extra_length!r}"
+            )
+
+    def __call__(self, sentences, progress=False, **search):
+        """A string -> its translation; a list of strings -> a list of translations."""
+        if isinstance(sentences, (str, bytes)):
+            return self.translate([sentences], progress=progress, **search)[0]
+        return self.translate(sentences, progress=progress, **search)
+
+    def encode(self, texts):
+        """Non-blank strings -> their source pieces, cut to the model's range, then EOS."""
+        kept = frontend.max_source_pieces(self.info["max_length"])
+        eos = self._pieces[self.info["eos_id"]]
+        sources = []
+        for text, ids in zip(texts, self.processor.encode(texts, out_type=int), strict=True):
+            if len(ids) > kept:
+                logger.warning(
+                    "A sentence of %d pieces exceeds the model's max_length=%d; translating "
+                    "its first %d pieces: %.60s...",
+                    len(ids), self.info["max_length"], kept, text,
+                )  # fmt: skip
+                ids = ids[:kept]
+            sources.append([self._pieces[i] for i in ids] + [eos])
+        return sources
+
+    def translate_pieces(self, sources, beam_size, alpha, max_extra_length):
+        """Source pieces (EOS included) -> output piece lists (before EOS)."""
+        # The package's limit: source length (EOS included) + max_extra_length output
+        # tokens (EOS included), at most max_length (`decoding.output_limits`).
+        limits = [min(len(s) + max_extra_length, self.info["max_length"]) for s in sources]
+        results = self.translator.translate_batch(
+            sources,
+            beam_size=beam_size,
+            length_penalty=alpha,
+            max_decoding_length=max(limits),
+            min_decoding_length=1,
+            suppress_sequences=self._suppressed,
+            max_input_length=0,
+        )
+        # One limit per call in CTranslate2: the greedy prefix does not depend on it,
+        # so cutting each output to its own limit gives the package's greedy output.
+        return [r.hypotheses[0][:limit] for r, limit in zip(results, limits, strict=True)]
+
+    def translate(self, sentences, progress=False, beam_size=None, alpha=None,
+                  max_extra_length=None):  # fmt: skip
+        """A list of strings (or UTF-8 bytes) -> a list of translations, in order."""
+        texts = frontend.check_sentences(sentences, "CTranslate2Translator", accept_bytes=True)
+        given = dict(beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length)
+        search = {**self.search, **{k: v for k, v in given.items() if v is not None}}
+        self._check_search(**search)
+        lengths = [0 if frontend.is_blank(t) else len(t) for t in texts]
+        outputs = [""] * len(texts)
+
+        def run(batch):
+            pieces = self.translate_pieces(self.encode([texts[i] for i in batch]), **search)
+            ids = [[self.processor.piece_to_id(p) for p in row] for row in pieces]
+            for i, text in zip(batch, self.processor.decode(ids), strict=True):
+                outputs[i] = text
+
+        frontend.run_batches(frontend.batches_by_length(lengths, self.batch_size), run, progress)
+        return outputs
