@@ -1,27 +1,34 @@
-"""Serving benchmark: the SavedModel (TensorFlow) vs translate.onnx (ONNX Runtime), side by side.
+"""Serving benchmark: SavedModel, translate.onnx and CTranslate2 (float32 and int8), side by side.
 
-Both exports of one model translate the same sentences with greedy search
-and beam 4, at batch sizes 1, 8 and 64, text in and text out (tokenizer,
-search and detokenizer inside each graph). Each runtime runs in its own
-worker process (onnxruntime-extensions' ops crash a process that has
-imported TensorFlow, and the ONNX worker shows that serving needs neither
-TensorFlow nor Keras); the parent alternates the two for `--rounds`
-rounds, each warmed up before it is timed, with the same number of
-compute threads (`--threads`, default 1).
+Every export of one model translates the same sentences with greedy search
+and beam 4, at batch sizes 1, 8 and 64, text in and text out. Each runtime
+runs in its own worker process (onnxruntime-extensions' ops crash a process
+that has imported TensorFlow; the ONNX and CTranslate2 workers show that
+serving needs neither TensorFlow nor Keras); the parent alternates the
+runtimes for `--rounds` rounds, each warmed up before it is timed, with the
+same number of compute threads (`--threads`, default 1).
 
-Reported per point: CPU seconds of the worker per batch (user + system,
-`time.process_time`: what the work costs, and stable on a shared machine
-where wall time also measures the neighbours), wall seconds per batch,
-both as the median over rounds, and whether the two runtimes gave the
-same translations.
+    saved_model       the SavedModel's text signatures (TensorFlow)
+    onnx              translate.onnx (ONNX Runtime; search in the graph)
+    ctranslate2       the CTranslate2 export, compute_type float32 (C++ search)
+    ctranslate2_int8  the same, compute_type int8 (weights quantized at load)
 
-    # an export written by `python train.py` (its newest versions):
+Reported per point: sentences per second (wall clock), CPU seconds of the
+worker per batch (user + system, `time.process_time`: stable on a shared
+machine), both medians over rounds; the share of each runtime's outputs
+equal to translate.onnx's; and the chrF of each runtime on the sentences'
+Ding references. Greedy outputs of float32 paths are the same model's
+greedy search and should agree exactly; beam search differs by design in
+CTranslate2 (its length penalty is length ** alpha, the package's the
+paper's ((5 + length) / 6) ** alpha).
+
+    # the newest exports in saved_models/transformer_de_en (ONNX and CTranslate2 too):
     python benchmarks/serving.py --model-dir saved_models/transformer_de_en
     # no trained model yet: a random-weight preset, exported to a temp dir
     python benchmarks/serving.py --random-preset cpu
 
 With random weights no hypothesis ends early, so every sentence decodes to
-its length limit (source length + 50, at most max_length) on both paths:
+its length limit (source length + 50, at most max_length) on every path:
 the comparison is per decoding step, not a forecast of a trained model's
 latency. Sentences are German phrases of the Ding dictionary (3-20 words).
 """
@@ -39,6 +46,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SEARCHES = {"greedy": 1, "beam 4": 4}
+RUNTIMES = ("saved_model", "onnx", "ctranslate2", "ctranslate2_int8")
 
 
 def parse_args(argv=None):
@@ -53,9 +61,21 @@ def parse_args(argv=None):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--corpus", default="/usr/share/trans/de-en")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--worker", choices=("saved_model", "onnx"), help=argparse.SUPPRESS)
+    parser.add_argument("--runtimes", default=",".join(RUNTIMES), help="of " + ",".join(RUNTIMES))
+    parser.add_argument("--worker", choices=RUNTIMES, help=argparse.SUPPRESS)
     parser.add_argument("--plan", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
+
+
+def ding_pairs(path, count, seed, side=0):
+    """`count` distinct (phrase of 3-20 words, its Ding translation) pairs."""
+    from keras_transformer.data.ding import read_entries
+
+    pairs = sorted(
+        {(pair[side], pair[1 - side]) for entry in read_entries(path) for pair in entry.pairs
+         if 3 <= len(pair[side].split()) <= 20}
+    )  # fmt: skip
+    return random.Random(seed).sample(pairs, count)
 
 
 def ding_sentences(path, count, seed, side=0):
@@ -131,10 +151,26 @@ def _onnx_translate(export_dir, threads):
     return lambda batch, search: translator.run(batch, beam_size=SEARCHES[search])
 
 
+def _ctranslate2_translate(export_dir, threads, compute_type):
+    """`translate(batch, search) -> list of str`: one `translate_batch` call per batch."""
+    from keras_transformer.ctranslate2_translator import CTranslate2Translator
+
+    translator = CTranslate2Translator(
+        export_dir, batch_size=1 << 20, compute_type=compute_type, intra_threads=threads
+    )
+    return lambda batch, search: translator.translate(batch, beam_size=SEARCHES[search])
+
+
 def worker(runtime, plan):
     """Times every point of `plan` once (after a warm-up) and prints the results as JSON."""
-    make = _saved_model_translate if runtime == "saved_model" else _onnx_translate
-    translate = make(plan["exports"][runtime], plan["threads"])
+    export_dir, threads = plan["exports"][runtime], plan["threads"]
+    if runtime == "saved_model":
+        translate = _saved_model_translate(export_dir, threads)
+    elif runtime == "onnx":
+        translate = _onnx_translate(export_dir, threads)
+    else:
+        compute_type = "int8" if runtime.endswith("_int8") else "float32"
+        translate = _ctranslate2_translate(export_dir, threads, compute_type)
     results = {}
     for search in SEARCHES:
         for batch_size in plan["batch_sizes"]:
@@ -179,55 +215,75 @@ def main(argv=None):
         else:
             model_dir = args.model_dir
         name = os.path.basename(os.path.normpath(model_dir))
-        onnx_dir = newest(os.path.join(model_dir, "onnx"))
-        exports = {"saved_model": newest(model_dir), "onnx": onnx_dir}
+        runtimes = args.runtimes.split(",")
+        unknown = sorted(set(runtimes) - set(RUNTIMES))
+        if unknown or "onnx" not in runtimes:
+            raise SystemExit(f"--runtimes: of {RUNTIMES}, onnx included. Received: {unknown}")
+        places = {"saved_model": model_dir, "onnx": os.path.join(model_dir, "onnx")}
+        places["ctranslate2"] = places["ctranslate2_int8"] = os.path.join(model_dir, "ctranslate2")
+        exports = {runtime: newest(places[runtime]) for runtime in runtimes}
         side = 1 if name.endswith("_en_de") else 0
+        pairs = ding_pairs(args.corpus, count, args.seed, side)
         plan = {
             "exports": exports,
             "threads": args.threads,
             "batch_sizes": batch_sizes,
-            "sentences": ding_sentences(args.corpus, count, args.seed, side),
+            "sentences": [source for source, _ in pairs],
         }
         plan_path = os.path.join(root, "plan.json")
         with open(plan_path, "w") as f:
             json.dump(plan, f)
-        rounds = {"saved_model": [], "onnx": []}
+        rounds = {runtime: [] for runtime in runtimes}
         for round_index in range(args.rounds):
-            for runtime in ("saved_model", "onnx"):
+            for runtime in runtimes:
                 rounds[runtime].append(_run_worker(runtime, plan_path))
             print(f"round {round_index + 1}/{args.rounds} done", file=sys.stderr, flush=True)
         with open(os.path.join(exports["onnx"], "config.json")) as f:
             model_config = json.load(f)["model"]
+    return report(args, name, model_config, runtimes, batch_sizes, rounds, pairs)
 
+
+def report(args, name, model_config, runtimes, batch_sizes, rounds, pairs):
+    """Prints the table (sentences/s, CPU s/batch, agreement with ONNX, chrF) and its JSON."""
+    import sacrebleu
+
+    references = [reference for _, reference in pairs]
     print(f"\nModel {name}: {model_config['num_layers']} layers, "
           f"d_model {model_config['d_model']}, vocab {model_config['vocab_size']}; "
-          f"threads per runtime: {args.threads}; "
-          f"{args.rounds} rounds, medians")  # fmt: skip
-    print(
-        "| search | batch | SavedModel CPU s/batch | ONNX CPU s/batch | ONNX speed-up (CPU) "
-        "| SavedModel wall s/batch | ONNX wall s/batch | ONNX speed-up (wall) | same outputs |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          f"threads per runtime: {args.threads}; {args.rounds} rounds, medians; "
+          f"{len(references)} Ding phrases")  # fmt: skip
+    header = ["search", "batch"] + [f"{r} sent/s" for r in runtimes]
+    header += [f"{r} CPU s/batch" for r in runtimes]
+    header += [f"{r} = onnx" for r in runtimes if r != "onnx"]
+    print("| " + " | ".join(header) + " |")
+    print("|---|" + "---:|" * (len(header) - 1))
     summary = {}
     for search in SEARCHES:
         for batch_size in batch_sizes:
             key = f"{search}|{batch_size}"
             row = {}
-            for runtime in rounds:
-                for clock in ("cpu", "wall"):
-                    times = [r[key][f"{clock}_s_per_batch"] for r in rounds[runtime]]
-                    row[f"{runtime}_{clock}_s"] = statistics.median(times)
-            pairs = zip(rounds["saved_model"][0][key]["outputs"], rounds["onnx"][0][key]["outputs"],
-                        strict=True)  # fmt: skip
-            same = [a == b for a, b in pairs]
-            row["same_outputs"] = sum(same) / len(same)
-            row["speedup_cpu"] = row["saved_model_cpu_s"] / row["onnx_cpu_s"]
-            row["speedup_wall"] = row["saved_model_wall_s"] / row["onnx_wall_s"]
+            for runtime in runtimes:
+                first = rounds[runtime][0][key]
+                wall = statistics.median(r[key]["wall_s_per_batch"] for r in rounds[runtime])
+                cpu = statistics.median(r[key]["cpu_s_per_batch"] for r in rounds[runtime])
+                onnx = rounds["onnx"][0][key]["outputs"]
+                same = sum(a == b for a, b in zip(first["outputs"], onnx, strict=True))
+                row[runtime] = {
+                    "sentences_per_s": batch_size / wall,
+                    "cpu_s_per_batch": cpu,
+                    "same_as_onnx": same / len(onnx),
+                    "chrf": sacrebleu.corpus_chrf(first["outputs"], [references]).score,
+                }
             summary[key] = row
-            print(f"| {search} | {batch_size} | {row['saved_model_cpu_s']:.3f} "
-                  f"| {row['onnx_cpu_s']:.3f} | {row['speedup_cpu']:.2f}x "
-                  f"| {row['saved_model_wall_s']:.3f} | {row['onnx_wall_s']:.3f} "
-                  f"| {row['speedup_wall']:.2f}x | {100 * row['same_outputs']:.0f}% |")  # fmt: skip
+            cells = [search, str(batch_size)]
+            cells += [f"{row[r]['sentences_per_s']:.1f}" for r in runtimes]
+            cells += [f"{row[r]['cpu_s_per_batch']:.3f}" for r in runtimes]
+            cells += [f"{100 * row[r]['same_as_onnx']:.0f}%" for r in runtimes if r != "onnx"]
+            print("| " + " | ".join(cells) + " |")
+    print("\nchrF on the Ding references (the batch-size points translate the same sentences):")
+    for search in SEARCHES:
+        key = f"{search}|{batch_sizes[-1]}"
+        print(f"  {search}: " + ", ".join(f"{r} {summary[key][r]['chrf']:.2f}" for r in runtimes))
     print(json.dumps({"model": name, "threads": args.threads, "results": summary}))
     return summary
 
