@@ -157,6 +157,18 @@ def training_flops(config, batch_size, source_length, target_length, attention=T
 # --------------------------------------------------------------------------- data
 
 
+def add_batch_arguments(parser):
+    """The model, batch and peak flags that train_throughput.py and torch_reference.py share."""
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--length", type=int, default=32, help="source and target length")
+    parser.add_argument(
+        "--no-padding", action="store_true", help="no padded rows: every position a real token"
+    )
+    parser.add_argument("--dropout", type=float, help="replaces the preset's dropout")
+    parser.add_argument("--matmul-size", type=int, default=2048, help="of the matmul peak")
+
+
 def make_batch(config, batch_size, source_length, target_length, seed=0, padding=True):
     """A fixed in-memory batch: x = {source_ids, target_ids}, y = next-token labels.
 

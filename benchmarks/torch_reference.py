@@ -38,17 +38,12 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--preset", default="small")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--length", type=int, default=32, help="source and target length")
-    parser.add_argument("--no-padding", action="store_true", help="no padded rows in the batch")
+    _common.add_batch_arguments(parser)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per round")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps (compilation)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dtype", default="bfloat16", help="autocast dtype, or float32")
     parser.add_argument("--no-compile", dest="compile", action="store_false")
-    parser.add_argument("--dropout", type=float, help="replaces the preset's dropout")
-    parser.add_argument("--matmul-size", type=int, default=2048)
     parser.add_argument("--json", help="also write the result here")
     return parser.parse_args(argv)
 

@@ -50,13 +50,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--preset", default="small")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--length", type=int, default=32, help="source and target length")
-    parser.add_argument(
-        "--no-padding", action="store_true", help="no padded rows: every position a real token"
-    )
-    parser.add_argument("--matmul-size", type=int, default=2048, help="of the matmul peak")
+    _common.add_batch_arguments(parser)
     parser.add_argument(
         "--peak-tflops", type=float, help="data-sheet peak of the compute dtype, for MFU"
     )
@@ -80,7 +74,6 @@ def parse_args(argv=None):
         help="defaults to the preset's dropout, since keras-hub applies it to attention weights",
     )
     parser.add_argument("--fused-attention", action="store_true", help="use_fused_attention=True")
-    parser.add_argument("--dropout", type=float, help="replaces the preset's dropout")
     parser.add_argument(
         "--threads",
         type=int,

@@ -22,6 +22,18 @@ WORDS = (
 VOCAB_SIZE = 48
 _CACHE = {}
 
+# Input every translation path must take: blank, over-long, non-ASCII, emoji, CJK.
+LONG = " ".join(["haus katze"] * 5000)  # 10,000 words
+ODD = [
+    "",
+    "   ",
+    " \t\u3000",
+    LONG,
+    "Müller straße ß é",
+    "Das 🏠 ist 小さい.",
+    "日本語 テキスト 😀",
+]
+
 
 def synthetic_sentences(count, seed, min_words=1, max_words=8):
     rng = random.Random(seed)

@@ -15,21 +15,11 @@ import subprocess
 import sys
 
 import pytest
-from export_fixtures import exported, held_out_sentences, keras_translations
+from export_fixtures import ODD, exported, held_out_sentences, keras_translations
 
 pytest.importorskip("ctranslate2")
 pytestmark = pytest.mark.slow
 
-LONG = " ".join(["haus katze"] * 500)
-ODD = [
-    "",
-    "   ",
-    " \t\u3000",
-    LONG,
-    "Müller straße ß é",
-    "Das 🏠 ist 小さい.",
-    "日本語 テキスト 😀",
-]
 GREEDY = held_out_sentences(200) + ODD
 BEAM = held_out_sentences(50, seed=11)
 SETTINGS = held_out_sentences(20, seed=13)

@@ -11,6 +11,8 @@ import os
 
 import pytest
 from export_fixtures import (
+    LONG,
+    ODD,
     exported,
     held_out_sentences,
     keras_translations,
@@ -20,17 +22,7 @@ from export_fixtures import (
 
 pytestmark = pytest.mark.slow
 
-LONG = " ".join(["haus katze"] * 5000)  # 10,000 words
 INVALID_UTF8 = b"haus \xff\xfe katze \xc3"
-ODD = [
-    "",
-    "   ",
-    " \t\u3000",
-    LONG,
-    "Müller straße ß é",
-    "Das 🏠 ist 小さい.",
-    "日本語 テキスト 😀",
-]
 GREEDY = held_out_sentences(200) + ODD  # in batches of 32, sorted by length: padded batches
 BEAM = held_out_sentences(50, seed=11)
 SETTINGS = held_out_sentences(20, seed=13)
