@@ -894,8 +894,8 @@ def _sample_indices(count, sentences, per_kind=4):
 
 
 def export(work, run_info, wall_start):
-    """SavedModel and ONNX of the finished run (`export.export_after_training`); the
-    export time goes into run.json."""
+    """SavedModel, ONNX and (where installed) CTranslate2 exports of the finished run
+    (`export.export_after_training`); the export time goes into run.json."""
     from keras_transformer.export import export_after_training
 
     if not (importable("tensorflow") and importable("tensorflow_text")):

@@ -32,3 +32,22 @@ def test_exports_without_reading_the_exporters_output(tmp_path, monkeypatch):
     assert paths == {"saved_model": os.path.join(output_dir, "transformer_de_en", "4")}
     assert os.path.isfile(os.path.join(paths["saved_model"], "saved_model.pb"))
     assert keras.backend.backend() in ("tensorflow", "jax", "torch")
+
+
+def test_the_default_formats_are_the_installed_ones(monkeypatch, caplog):
+    """CTranslate2 is an optional extra: without it a training run still exports the
+    SavedModel and ONNX, and says why the third format is missing."""
+    import importlib.util
+
+    from keras_transformer import export
+
+    assert export.installed_formats() == export.FORMATS  # `make` installs [all]
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "ctranslate2" else find_spec(name, *a),
+    )
+    with caplog.at_level("INFO"):
+        assert export.installed_formats() == ("saved_model", "onnx")
+    assert "pip install 'keras-transformer[ctranslate2]'" in caplog.text

@@ -158,7 +158,21 @@ def default_name(run_info):
     return "transformer_" + direction.replace("-", "_") if direction else "transformer"
 
 
-def export_after_training(work_dir, run_info, output_dir="saved_models", formats=FORMATS):
+def installed_formats():
+    """`FORMATS` less `"ctranslate2"` where the ctranslate2 package is not installed
+    (an optional extra: `pip install 'keras-transformer[ctranslate2]'`), with a log line."""
+    import importlib.util
+
+    if importlib.util.find_spec("ctranslate2") is not None:
+        return FORMATS
+    logger.info(
+        "No CTranslate2 export: the ctranslate2 package is not installed "
+        "(pip install 'keras-transformer[ctranslate2]')."
+    )
+    return tuple(f for f in FORMATS if f != "ctranslate2")
+
+
+def export_after_training(work_dir, run_info, output_dir="saved_models", formats=None):
     """What `training.run()` calls at the end: `export_all` with the run's name and search
     (`workdir.search_of`).
 
@@ -167,11 +181,15 @@ def export_after_training(work_dir, run_info, output_dir="saved_models", formats
     (`python -m keras_transformer.export`). The version is chosen here and
     passed to it, so the paths written are known without reading its output.
 
+    Args:
+        formats: of `FORMATS`; None: `installed_formats()`.
+
     Returns:
         dict format -> the directory written.
     """
     import keras
 
+    formats = installed_formats() if formats is None else formats
     name = default_name(run_info)
     if keras.backend.backend() == "tensorflow":
         return export_all(work_dir, output_dir=output_dir, name=name,
@@ -201,6 +219,7 @@ __all__ = [
     "default_name",
     "export_after_training",
     "export_all",
+    "installed_formats",
     "load_work_dir",
     "new_version",
 ]
