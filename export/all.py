@@ -1,4 +1,5 @@
-"""Exports a trained work directory as a SavedModel and as ONNX graphs (one shared version).
+"""Exports a trained work directory as a SavedModel, ONNX graphs and (where installed) a
+CTranslate2 model, under one shared version.
 
 python export/all.py --work-dir work          # what `python train.py` runs at the end
 """
@@ -12,4 +13,6 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")  # the exporters trace with
 from keras_transformer.export.cli import main  # noqa: E402
 
 if __name__ == "__main__":
-    main(("saved_model", "onnx"), __doc__.splitlines()[0])
+    from keras_transformer.export import installed_formats
+
+    main(installed_formats(), __doc__.splitlines()[0])
