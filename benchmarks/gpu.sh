@@ -58,8 +58,10 @@ step ding 220 env KERAS_BACKEND=jax python3 train.py --preset small --vocab-size
   --ding-path .corpus/de-en --work-dir "$DING" --batch-tokens 8192 --warmup-steps 1000 \
   --steps 500 --epochs 100 --max-train-minutes "$DING_MINUTES" --validation-bleu-every 0 \
   --test-samples 1000 --dtype-policy mixed_bfloat16 --no-export
-[[ " $STEPS " == *" ding "* ]] && tar -C "$(dirname "$DING")" --exclude data --exclude backup --exclude checkpoints -cf - "$(basename "$DING")" |
-  split -b 15m - "$OUT/ding_small.tar.part-"
+if [[ " $STEPS " == *" ding "* ]]; then  # the run, less its shards and checkpoints, in pieces
+  tar -C "$(dirname "$DING")" --exclude data --exclude backup --exclude checkpoints \
+    -cf - "$(basename "$DING")" | split -b 15m - "$OUT/ding_small.tar.part-"
+fi
 
 step torch_backend 50 python3 benchmarks/train_throughput.py --backends torch $BASE \
   --dtype mixed_bfloat16 --candidates keras_transformer --rounds 3 --steps 3 \
