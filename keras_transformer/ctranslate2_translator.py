@@ -26,6 +26,7 @@ import logging
 import os
 
 from keras_transformer import frontend
+from keras_transformer.search import SearchConfig
 
 logger = logging.getLogger(__name__)
 
@@ -72,10 +73,10 @@ class CTranslate2Translator:
             raise ValueError(
                 f"batch_size must be a positive integer. Received: batch_size={batch_size!r}"
             )
-        search = {"beam_size": 4, "alpha": 0.6, "max_extra_length": 50, **self.info["search"]}
-        given = dict(beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length)
-        self.search = {**search, **{k: v for k, v in given.items() if v is not None}}
-        self._check_search(**self.search)
+        # The export's settings (the run's), replaced by those given; checked by SearchConfig.
+        self.search = SearchConfig.from_dict(self.info["search"]).replace(
+            beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length
+        )
         self.batch_size = batch_size
         self.processor = sentencepiece.SentencePieceProcessor(
             model_file=os.path.join(export_dir, "vocab.model")
@@ -93,17 +94,6 @@ class CTranslate2Translator:
     def load(cls, export_dir, **kwargs):
         """`CTranslate2Translator(export_dir, **kwargs)`, named as `OnnxTranslator.load` is."""
         return cls(export_dir, **kwargs)
-
-    @staticmethod
-    def _check_search(beam_size, alpha, max_extra_length):
-        if not isinstance(beam_size, int) or beam_size < 1:
-            raise ValueError(f"beam_size must be a positive integer. Received: {beam_size!r}")
-        if alpha < 0:
-            raise ValueError(f"alpha must be >= 0. Received: {alpha!r}")
-        if not isinstance(max_extra_length, int) or max_extra_length < 0:
-            raise ValueError(
-                f"max_extra_length must be an integer >= 0. Received: {max_extra_length!r}"
-            )
 
     def __call__(self, sentences, progress=False, **search):
         """A string -> its translation; a list of strings -> a list of translations."""
@@ -149,9 +139,9 @@ class CTranslate2Translator:
                   max_extra_length=None):  # fmt: skip
         """A list of strings (or UTF-8 bytes) -> a list of translations, in order."""
         texts = frontend.check_sentences(sentences, "CTranslate2Translator", accept_bytes=True)
-        given = dict(beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length)
-        search = {**self.search, **{k: v for k, v in given.items() if v is not None}}
-        self._check_search(**search)
+        search = self.search.replace(
+            beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length
+        ).to_dict()
         lengths = [0 if frontend.is_blank(t) else len(t) for t in texts]
         outputs = [""] * len(texts)
 
