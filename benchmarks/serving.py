@@ -1,4 +1,4 @@
-"""Serving benchmark: SavedModel, translate.onnx and CTranslate2 (float32 and int8), side by side.
+"""Serving benchmark: SavedModel, translate.onnx and CTranslate2 (float32, int8) side by side.
 
 Every export of one model translates the same sentences with greedy search
 and beam 4, at batch sizes 1, 8 and 64, text in and text out. Each runtime
@@ -10,6 +10,7 @@ same number of compute threads (`--threads`, default 1).
 
     saved_model       the SavedModel's text signatures (TensorFlow)
     onnx              translate.onnx (ONNX Runtime; search in the graph)
+    onnx_int8         translate_int8.onnx: the same with int8 matrix-product weights
     ctranslate2       the CTranslate2 export, compute_type float32 (C++ search)
     ctranslate2_int8  the same, compute_type int8 (weights quantized at load)
 
@@ -17,13 +18,19 @@ Reported per point: sentences per second (wall clock), CPU seconds of the
 worker per batch (user + system, `time.process_time`: stable on a shared
 machine), both medians over rounds; the share of each runtime's outputs
 equal to translate.onnx's; and the chrF of each runtime on the sentences'
-Ding references. Greedy outputs of float32 paths are the same model's
-greedy search and should agree exactly; beam search differs by design in
-CTranslate2 (its length penalty is length ** alpha, the package's the
-paper's ((5 + length) / 6) ** alpha).
+Ding references. `--test-set N` translates the first N pairs of the fixed
+Ding test split instead (the pairs `train.py` scores; 1,000 there) and adds
+chrF and BLEU on them and on their full sentences: the quality cost of
+int8. Greedy outputs of float32 paths are the same model's greedy search
+and should agree exactly; beam search differs by design in CTranslate2
+(its length penalty is length ** alpha, the package's the paper's
+((5 + length) / 6) ** alpha).
 
     # the newest exports in saved_models/transformer_de_en (ONNX and CTranslate2 too):
     python benchmarks/serving.py --model-dir saved_models/transformer_de_en
+    # the quality of each path on the test pairs train.py scores (one round, batch 64)
+    python benchmarks/serving.py --model-dir saved_models/transformer_de_en \
+        --test-set 1000 --rounds 1 --batch-sizes 64
     # no trained model yet: a random-weight preset, exported to a temp dir
     python benchmarks/serving.py --random-preset cpu
 
@@ -46,7 +53,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SEARCHES = {"greedy": 1, "beam 4": 4}
-RUNTIMES = ("saved_model", "onnx", "ctranslate2", "ctranslate2_int8")
+RUNTIMES = ("saved_model", "onnx", "onnx_int8", "ctranslate2", "ctranslate2_int8")
 
 
 def parse_args(argv=None):
@@ -59,6 +66,8 @@ def parse_args(argv=None):
     parser.add_argument("--sentences", type=int, default=64,
                         help="sentences per point and round (at least one batch)")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--test-set", type=int, default=0, metavar="N",
+                        help="the first N Ding test pairs instead of random phrases")  # fmt: skip
     parser.add_argument("--corpus", default="/usr/share/trans/de-en")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--runtimes", default=",".join(RUNTIMES), help="of " + ",".join(RUNTIMES))
@@ -143,11 +152,11 @@ def _saved_model_translate(export_dir, threads):
     return translate
 
 
-def _onnx_translate(export_dir, threads):
+def _onnx_translate(export_dir, threads, precision):
     """`translate(batch, search) -> list of str`: one translate.onnx run per batch."""
     from keras_transformer.onnx_translator import OnnxTranslator
 
-    translator = OnnxTranslator(export_dir, intra_op_num_threads=threads)
+    translator = OnnxTranslator(export_dir, intra_op_num_threads=threads, precision=precision)
     return lambda batch, search: translator.run(batch, beam_size=SEARCHES[search])
 
 
@@ -161,16 +170,33 @@ def _ctranslate2_translate(export_dir, threads, compute_type):
     return lambda batch, search: translator.translate(batch, beam_size=SEARCHES[search])
 
 
+def _precision(runtime):
+    return "int8" if runtime.endswith("_int8") else "float32"
+
+
+def test_set(corpus, count, side):
+    """The first `count` pairs of the fixed Ding test split, and the indices of the full
+    sentences among them (as `train.py` scores them)."""
+    from keras_transformer.data import ding
+    from keras_transformer.data.sources import load_translation_data
+
+    direction = "en-de" if side else "de-en"
+    pairs = load_translation_data("ding", direction=direction, ding_path=corpus).pairs(
+        "test", limit=count
+    )
+    german = [(t, s) if side else (s, t) for s, t in pairs]
+    return pairs, [i for i, (g, e) in enumerate(german) if ding.is_sentence(g, e)]
+
+
 def worker(runtime, plan):
     """Times every point of `plan` once (after a warm-up) and prints the results as JSON."""
     export_dir, threads = plan["exports"][runtime], plan["threads"]
     if runtime == "saved_model":
         translate = _saved_model_translate(export_dir, threads)
-    elif runtime == "onnx":
-        translate = _onnx_translate(export_dir, threads)
+    elif runtime.startswith("onnx"):
+        translate = _onnx_translate(export_dir, threads, _precision(runtime))
     else:
-        compute_type = "int8" if runtime.endswith("_int8") else "float32"
-        translate = _ctranslate2_translate(export_dir, threads, compute_type)
+        translate = _ctranslate2_translate(export_dir, threads, _precision(runtime))
     results = {}
     for search in SEARCHES:
         for batch_size in plan["batch_sizes"]:
@@ -219,11 +245,16 @@ def main(argv=None):
         unknown = sorted(set(runtimes) - set(RUNTIMES))
         if unknown or "onnx" not in runtimes:
             raise SystemExit(f"--runtimes: of {RUNTIMES}, onnx included. Received: {unknown}")
-        places = {"saved_model": model_dir, "onnx": os.path.join(model_dir, "onnx")}
+        places = {"saved_model": model_dir}
+        places["onnx"] = places["onnx_int8"] = os.path.join(model_dir, "onnx")
         places["ctranslate2"] = places["ctranslate2_int8"] = os.path.join(model_dir, "ctranslate2")
         exports = {runtime: newest(places[runtime]) for runtime in runtimes}
         side = 1 if name.endswith("_en_de") else 0
-        pairs = ding_pairs(args.corpus, count, args.seed, side)
+        sentences = []
+        if args.test_set:
+            pairs, sentences = test_set(args.corpus, args.test_set, side)
+        else:
+            pairs = ding_pairs(args.corpus, count, args.seed, side)
         plan = {
             "exports": exports,
             "threads": args.threads,
@@ -240,10 +271,10 @@ def main(argv=None):
             print(f"round {round_index + 1}/{args.rounds} done", file=sys.stderr, flush=True)
         with open(os.path.join(exports["onnx"], "config.json")) as f:
             model_config = json.load(f)["model"]
-    return report(args, name, model_config, runtimes, batch_sizes, rounds, pairs)
+    return report(args, name, model_config, runtimes, batch_sizes, rounds, pairs, sentences)
 
 
-def report(args, name, model_config, runtimes, batch_sizes, rounds, pairs):
+def report(args, name, model_config, runtimes, batch_sizes, rounds, pairs, sentences=()):
     """Prints the table (sentences/s, CPU s/batch, agreement with ONNX, chrF) and its JSON."""
     import sacrebleu
 
@@ -251,7 +282,7 @@ def report(args, name, model_config, runtimes, batch_sizes, rounds, pairs):
     print(f"\nModel {name}: {model_config['num_layers']} layers, "
           f"d_model {model_config['d_model']}, vocab {model_config['vocab_size']}; "
           f"threads per runtime: {args.threads}; {args.rounds} rounds, medians; "
-          f"{len(references)} Ding phrases")  # fmt: skip
+          f"{len(references)} Ding {'test pairs' if args.test_set else 'phrases'}")  # fmt: skip
     header = ["search", "batch"] + [f"{r} sent/s" for r in runtimes]
     header += [f"{r} CPU s/batch" for r in runtimes]
     header += [f"{r} = onnx" for r in runtimes if r != "onnx"]
@@ -268,22 +299,38 @@ def report(args, name, model_config, runtimes, batch_sizes, rounds, pairs):
                 cpu = statistics.median(r[key]["cpu_s_per_batch"] for r in rounds[runtime])
                 onnx = rounds["onnx"][0][key]["outputs"]
                 same = sum(a == b for a, b in zip(first["outputs"], onnx, strict=True))
+                outputs = first["outputs"]
                 row[runtime] = {
                     "sentences_per_s": batch_size / wall,
                     "cpu_s_per_batch": cpu,
                     "same_as_onnx": same / len(onnx),
-                    "chrf": sacrebleu.corpus_chrf(first["outputs"], [references]).score,
+                    "chrf": sacrebleu.corpus_chrf(outputs, [references]).score,
+                    "bleu": sacrebleu.corpus_bleu(outputs, [references]).score,
                 }
+                if sentences:
+                    picked = [outputs[i] for i in sentences], [[references[i] for i in sentences]]
+                    row[runtime]["sentences_chrf"] = sacrebleu.corpus_chrf(*picked).score
+                    row[runtime]["sentences_bleu"] = sacrebleu.corpus_bleu(*picked).score
             summary[key] = row
             cells = [search, str(batch_size)]
             cells += [f"{row[r]['sentences_per_s']:.1f}" for r in runtimes]
             cells += [f"{row[r]['cpu_s_per_batch']:.3f}" for r in runtimes]
             cells += [f"{100 * row[r]['same_as_onnx']:.0f}%" for r in runtimes if r != "onnx"]
             print("| " + " | ".join(cells) + " |")
-    print("\nchrF on the Ding references (the batch-size points translate the same sentences):")
+    print("\nchrF / BLEU on the Ding references (every batch size translates the same sentences):")
     for search in SEARCHES:
         key = f"{search}|{batch_sizes[-1]}"
-        print(f"  {search}: " + ", ".join(f"{r} {summary[key][r]['chrf']:.2f}" for r in runtimes))
+        print(
+            f"  {search}: "
+            + ", ".join(
+                f"{r} {summary[key][r]['chrf']:.2f} / {summary[key][r]['bleu']:.2f}"
+                for r in runtimes
+            )
+        )
+        if sentences:
+            print(f"    its {len(sentences)} full sentences: " + ", ".join(
+                f"{r} {summary[key][r]['sentences_chrf']:.2f} / "
+                f"{summary[key][r]['sentences_bleu']:.2f}" for r in runtimes))  # fmt: skip
     print(json.dumps({"model": name, "threads": args.threads, "results": summary}))
     return summary
 

@@ -6,6 +6,11 @@ ops), `translate.onnx` (`export/onnx_text.py`, ONNX nodes) and
 
 - a string gives its translation, a list gives a list in the same order;
   anything else in the list is a `TypeError` naming its index and type;
+- U+0000 (NUL) is removed (`clean`): C strings end at it, so ONNX
+  Runtime's string inputs and many callers in other languages would cut
+  the sentence there, while SentencePiece keeps it as a byte piece. Other
+  control characters are left to SentencePiece's normalizer, which drops
+  them on every path;
 - a blank sentence (empty, or only characters for which Python's
   `str.isspace()` is True: `BLANK_CHARACTERS`) translates to "" without
   taking a place in a batch;
@@ -24,13 +29,22 @@ module imports neither Keras nor TensorFlow (`OnnxTranslator` uses it).
 BLANK_CHARACTERS = r"[\t\n\x0b\x0c\r\x1c-\x1f\x85\p{Z}]"
 
 
+NUL = "\x00"
+
+
+def clean(text):
+    """`text` without U+0000, the one character the paths could see differently."""
+    return text.replace(NUL, "")
+
+
 def max_source_pieces(max_length):
     """Pieces kept of a source sentence: one position is left for EOS."""
     return max_length - 1
 
 
 def check_sentences(sentences, caller, accept_bytes=False):
-    """`sentences` as a list of str; a str alone, or a non-string item, is a `TypeError`.
+    """`sentences` as a list of str without NUL (`clean`); a str alone, or a non-string
+    item, is a `TypeError`.
 
     With `accept_bytes`, UTF-8 bytes are decoded, invalid sequences replaced
     by U+FFFD (as the SavedModel does in its graph).
@@ -50,7 +64,7 @@ def check_sentences(sentences, caller, accept_bytes=False):
                 f"{caller} expects {kinds}; sentence {i} is a {type(sentence).__name__}: "
                 f"{sentence!r:.80}"
             )
-        texts.append(sentence)
+        texts.append(clean(sentence))
     return texts
 
 

@@ -13,6 +13,7 @@ Example:
     translator = OnnxTranslator("saved_models/transformer_de_en/onnx/1")
     translator("Das Haus ist klein.")                       # beam 4, alpha 0.6
     translator.translate(["Das Haus ist klein."], beam_size=1)  # greedy
+    OnnxTranslator("saved_models/transformer_de_en/onnx/1", precision="int8")  # int8 weights
 """
 
 import json
@@ -25,6 +26,7 @@ from keras_transformer import frontend
 from keras_transformer.search import SearchConfig
 
 GRAPH = "translate.onnx"
+PRECISIONS = ("float32", "int8")
 
 
 class OnnxTranslator:
@@ -52,6 +54,9 @@ class OnnxTranslator:
         batch_size: sentences per graph run.
         providers: onnxruntime execution providers (default CPU).
         intra_op_num_threads: onnxruntime threads (0 = one per core).
+        precision: "float32" runs translate.onnx; "int8" the same graph with
+            int8 matrix-product weights (translate_int8.onnx, written by the
+            export beside it): faster on CPUs, slightly different outputs.
     """
 
     def __init__(
@@ -63,9 +68,12 @@ class OnnxTranslator:
         batch_size=32,
         providers=("CPUExecutionProvider",),
         intra_op_num_threads=0,
+        precision="float32",
     ):
-        path = os.path.join(export_dir, GRAPH)
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}. Received: {precision!r}")
         config_path = os.path.join(export_dir, "config.json")
+        path = os.path.join(export_dir, GRAPH)
         missing = [p for p in (path, config_path) if not os.path.isfile(p)]
         if missing:
             raise FileNotFoundError(
@@ -74,6 +82,15 @@ class OnnxTranslator:
             )
         with open(config_path) as f:
             config = json.load(f)
+        if precision == "int8":
+            int8 = config["translate"].get("int8")
+            if int8 is None or not os.path.isfile(os.path.join(export_dir, int8["graph"])):
+                raise FileNotFoundError(
+                    f"{export_dir!r} has no int8 graph (translate_int8.onnx): it was exported "
+                    "by an older version. Export the work directory again."
+                )
+            path = os.path.join(export_dir, int8["graph"])
+        self.precision = precision
         self.config = config["model"]
         self.beam_sizes = tuple(config["translate"]["beam_sizes"])
         self.defaults = dict(config["translate"]["defaults"])

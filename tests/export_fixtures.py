@@ -19,10 +19,11 @@ WORDS = (
     "haus katze hund baum auto wasser feuer licht nacht tag garten buch stadt fluss berg see "
     "brot milch kind frau mann schule strasse fenster tisch stuhl"
 ).split()
-VOCAB_SIZE = 48
+VOCAB_SIZE = 400  # 4 special + 256 byte pieces + the letters + merges to whole words
 _CACHE = {}
 
-# Input every translation path must take: blank, over-long, non-ASCII, emoji, CJK.
+# Input every translation path must take: blank, over-long, non-ASCII, emoji, CJK, control
+# characters (NUL is removed on every path, the others by SentencePiece's normalizer).
 LONG = " ".join(["haus katze"] * 5000)  # 10,000 words
 ODD = [
     "",
@@ -32,6 +33,8 @@ ODD = [
     "Müller straße ß é",
     "Das 🏠 ist 小さい.",
     "日本語 テキスト 😀",
+    "\x00\x01\x02 haus katze",
+    "haus\x00 katze \x7f\x9f baum",
 ]
 
 
@@ -44,19 +47,13 @@ def synthetic_sentences(count, seed, min_words=1, max_words=8):
 
 
 def _train_vocab(path):
-    import sentencepiece as spm
+    """The vocabulary `train.py` trains (`train_vocabulary`: BPE, nmt_nfkc, byte fallback),
+    small: emoji and CJK become byte pieces, never <unk>."""
+    from keras_transformer.data.vocabulary import train_vocabulary
 
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(synthetic_sentences(3000, seed=0)),
-        model_prefix=path[: -len(".model")],
-        vocab_size=VOCAB_SIZE,
-        model_type="unigram",
-        pad_id=0,
-        unk_id=1,
-        bos_id=2,
-        eos_id=3,
-        hard_vocab_limit=False,
-        minloglevel=2,
+    sentences = synthetic_sentences(3000, seed=0)
+    train_vocabulary(
+        list(zip(sentences, sentences, strict=True)), path, VOCAB_SIZE, byte_fallback=True
     )
 
 

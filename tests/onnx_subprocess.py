@@ -11,6 +11,8 @@ A job is `{"name", "call", "sentences", "kwargs"}`; `call` is `translate`
 (`OnnxTranslator.translate`), `run` (one graph run, no host-side batching
 or blank handling), `session` (the raw onnxruntime session, `sentences`
 given as a nested list of any rank) or `construct` (`OnnxTranslator(**kwargs)`).
+A job's optional `"translator"` dict holds `OnnxTranslator` arguments (e.g.
+`{"precision": "int8"}`); jobs without it share the default translator.
 A sentence `{"bytes": "<latin-1 text>"}` stands for raw bytes. Each result is
 `{"value": ...}` or `{"error": "<type>: <message>"}`.
 """
@@ -44,9 +46,16 @@ def main():
     from keras_transformer import OnnxTranslator  # the one import, with Keras and TF blocked
 
     export_dir = sys.argv[1]
-    translator = OnnxTranslator.load(export_dir, batch_size=32, intra_op_num_threads=1)
+    translators = {}
     results = {}
     for job in json.load(sys.stdin):
+        options = job.get("translator", {})
+        key = json.dumps(options, sort_keys=True)
+        if key not in translators and job["call"] != "construct":
+            translators[key] = OnnxTranslator.load(
+                export_dir, batch_size=32, intra_op_num_threads=1, **options
+            )
+        translator = translators.get(key)
         sentences = _sentence(job.get("sentences"))
         kwargs = job.get("kwargs", {})
         try:

@@ -126,3 +126,51 @@ def test_global_token_mean_with_unequal_padding(initial_weights):
     # Per-replica token means weight replica 0's 2 tokens like replica 1's 8: different.
     mirrored_default = _train(initial_weights, LABELS_UNEQUAL, strategy=_strategy())
     assert _max_difference(mirrored_default, single) > 1e-4
+
+
+def _paper_recipe_steps(initial_weights, strategy=None, steps=3):
+    """`steps` compiled steps (tf.function, as `fit` runs them in training) with the paper's
+    recipe (`compile_with_paper_recipe`: Adam beta_2 0.98, epsilon 1e-9, label smoothing
+    0.1); returns the model."""
+    from keras_transformer import compile_with_paper_recipe
+
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        model = Transformer.from_preset("tiny", vocab_size=VOCAB_SIZE, dropout=0.0)
+        model.build()
+        model.set_weights(initial_weights)
+        compile_with_paper_recipe(model, warmup_steps=10, jit_compile=False)
+    assert model.optimizer.epsilon == 1e-9 and not model.run_eagerly
+    inputs = {"source_ids": SOURCE, "target_ids": TARGET_IN}
+    model.fit(inputs, LABELS_EQUAL, batch_size=len(SOURCE), epochs=steps, shuffle=False,
+              verbose=0)  # fmt: skip
+    return model
+
+
+def test_two_replicas_equal_one_device_compiled_with_the_papers_epsilon(initial_weights):
+    """What training runs: compiled steps, epsilon 1e-9, three steps.
+
+    With epsilon 1e-9, Adam turns a gradient that is zero in exact arithmetic
+    into a full step of either sign. The attention's key biases have one (a
+    softmax ignores a constant shift of its scores), so they move by float
+    noise, differently on one device and on two; the function does not. So the
+    outputs are compared, and every weight but the key biases.
+    """
+    single = _paper_recipe_steps(initial_weights)
+    mirrored = _paper_recipe_steps(initial_weights, strategy=_strategy())
+    inputs = {"source_ids": SOURCE, "target_ids": TARGET_IN}
+    logits = [np.asarray(m.predict(inputs, verbose=0)) for m in (single, mirrored)]
+    np.testing.assert_allclose(logits[1], logits[0], atol=2e-4)
+    moved = 0.0
+    for w_single, w_mirrored, w_initial in zip(
+        single.weights, mirrored.weights, initial_weights, strict=True
+    ):
+        if w_single.path.endswith("key/bias"):
+            continue
+        a, b = np.asarray(w_single), np.asarray(w_mirrored)
+        # Near-zero gradients still round differently in two all-reduced halves: a step
+        # moves a weight by about the learning rate (4e-3 here), noise by 1e-5.
+        np.testing.assert_allclose(b, a, atol=1e-4, err_msg=w_single.path)
+        moved = max(moved, float(np.abs(a - w_initial).max()))
+    assert moved > 1e-3  # the steps moved the weights
+    steps = [int(keras.ops.convert_to_numpy(m.optimizer.iterations)) for m in (single, mirrored)]
+    assert steps == [3, 3]

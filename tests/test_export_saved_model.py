@@ -256,6 +256,91 @@ def test_atomic_directory_leaves_nothing_on_failure(tmp_path):
     assert sorted(os.listdir(tmp_path / "model")) == ["3"]
 
 
+def _fake_exporters(monkeypatch, failing=None):
+    """export_all's three exporters replaced by ones that write a file (or raise)."""
+    import keras_transformer.export as export_package
+    from keras_transformer.export import ctranslate2, onnx_graphs, saved_model
+
+    def exporter(format_name):
+        def write(*args, **kwargs):
+            if format_name == failing:
+                raise RuntimeError(f"{format_name} failed")
+            directory = args[2]
+            with open(os.path.join(directory, format_name), "w") as f:
+                f.write("new")
+
+        return write
+
+    monkeypatch.setattr(saved_model, "export_saved_model", exporter("saved_model"))
+    monkeypatch.setattr(onnx_graphs, "export_onnx", exporter("onnx"))
+    monkeypatch.setattr(ctranslate2, "export", exporter("ctranslate2"))
+    monkeypatch.setattr(export_package, "check_work_dir", lambda work_dir: {})
+    monkeypatch.setattr(export_package, "load_work_dir", lambda work_dir: (None, None, {}))
+
+
+def _versions(root):
+    """relative path -> the files in it, of every version directory under `root`."""
+    found = {}
+    for directory, _, files in os.walk(root):
+        if os.path.basename(directory).isdigit():
+            found[os.path.relpath(directory, root)] = sorted(files)
+    return found
+
+
+@pytest.mark.parametrize("failing", ["saved_model", "onnx", "ctranslate2"])
+def test_a_failing_format_leaves_no_part_of_the_version(tmp_path, monkeypatch, failing):
+    """One version directory holds every format or none: a failure in any exporter leaves
+    no new version, and an overwritten version keeps its old files."""
+    from keras_transformer.export import FORMATS, export_all
+
+    _fake_exporters(monkeypatch)
+    export_all("work", output_dir=str(tmp_path), name="m", formats=FORMATS)
+    before = _versions(tmp_path)
+    assert before == {
+        "m/1": ["saved_model"],
+        "m/onnx/1": ["onnx"],
+        "m/ctranslate2/1": ["ctranslate2"],
+    }
+
+    _fake_exporters(monkeypatch, failing=failing)
+    with pytest.raises(RuntimeError, match=f"{failing} failed"):
+        export_all("work", output_dir=str(tmp_path), name="m", formats=FORMATS)
+    with pytest.raises(RuntimeError, match=f"{failing} failed"):
+        export_all("work", output_dir=str(tmp_path), name="m", version=1, overwrite=True)
+    assert _versions(tmp_path) == before
+    assert not [n for _, dirs, _ in os.walk(tmp_path) for n in dirs if n.startswith(".")]
+
+
+def test_a_failed_rename_restores_the_replaced_version(tmp_path, monkeypatch):
+    from keras_transformer.export import artifacts
+
+    targets = {k: str(tmp_path / k / "1") for k in ("a", "b", "c")}
+    with artifacts.atomic_directories(targets) as staging:
+        for path in staging.values():
+            open(os.path.join(path, "old"), "w").close()
+    renames = []
+
+    def rename(source, target):
+        renames.append(target)
+        if target == targets["c"] and ".tmp-" in source:  # the last one's move into place fails
+            raise OSError("disk full")
+        os.replace(source, target)
+
+    monkeypatch.setattr(artifacts.os, "rename", rename)
+    with pytest.raises(OSError, match="disk full"):
+        with artifacts.atomic_directories(targets, overwrite=True) as staging:
+            for path in staging.values():
+                open(os.path.join(path, "new"), "w").close()
+    assert targets["a"] in renames and targets["b"] in renames  # two were moved, then undone
+    assert {k: os.listdir(path) for k, path in targets.items()} == {
+        "a": ["old"],
+        "b": ["old"],
+        "c": ["old"],
+    }
+    assert sorted(os.listdir(tmp_path)) == ["a", "b", "c"]
+    assert all(os.listdir(tmp_path / k) == ["1"] for k in targets)
+
+
 def test_next_version_and_bad_version(tmp_path):
     from keras_transformer.export.artifacts import check_version, next_version
 

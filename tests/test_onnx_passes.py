@@ -81,6 +81,67 @@ def test_loop_invariants_become_outer_references():
     np.testing.assert_array_equal(got, expected)
 
 
+def _outer_weights_model():
+    """Two loops that each reshape and transpose the outer graph's weight on every iteration:
+    acc <- acc @ reshape(w, (3, 3)).T, as the search's greedy and beam loops read a kernel."""
+
+    def body(tag):
+        return helper.make_graph(
+            [
+                helper.make_node("Identity", ["cond_in"], [f"cond_out_{tag}"]),
+                helper.make_node("Reshape", ["w_flat", "shape"], [f"w_{tag}"]),
+                helper.make_node("Transpose", [f"w_{tag}"], [f"wt_{tag}"], perm=[1, 0]),
+                helper.make_node("MatMul", ["acc_in", f"wt_{tag}"], [f"acc_out_{tag}"]),
+            ],
+            f"body_{tag}",
+            [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+             helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+             helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [2, 3])],
+            [helper.make_tensor_value_info(f"cond_out_{tag}", TensorProto.BOOL, []),
+             helper.make_tensor_value_info(f"acc_out_{tag}", TensorProto.FLOAT, [2, 3])],
+        )  # fmt: skip
+
+    rng = np.random.default_rng(1)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Loop", ["trips", "", "x"], ["a"], body=body("a")),
+            helper.make_node("Loop", ["trips", "", "x"], ["b"], body=body("b")),
+            helper.make_node("Sub", ["a", "b"], ["y"]),
+            helper.make_node("Identity", ["a"], ["z"]),
+        ],
+        "loops",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 3])],
+        [
+            numpy_helper.from_array(np.array(3, np.int64), "trips"),
+            numpy_helper.from_array(rng.normal(size=(3, 3, 1)).astype(np.float32), "w_flat"),
+            numpy_helper.from_array(np.array([0, -1], np.int64), "shape"),  # 0: copy dim 0
+        ],
+    )  # fmt: skip
+    return _model(graph)
+
+
+def test_outer_weights_are_reshaped_once_for_all_loops():
+    model = _outer_weights_model()
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    expected = _run(model, {"x": x})
+    assert onnx_passes.fold_outer_constants(model) == 4  # a Reshape and a Transpose per loop
+    onnx_passes.prune(model.graph)
+    onnx.checker.check_model(model, full_check=True)
+    bodies = [n.attribute[0].g for n in model.graph.node if n.op_type == "Loop"]
+    assert [[n.op_type for n in body.node] for body in bodies] == [["Identity", "MatMul"]] * 2
+    assert bodies[0].node[1].input[1] == bodies[1].node[1].input[1]  # one folded weight
+    names = [t.name for t in model.graph.initializer]
+    assert len(names) == 2 and "trips" in names  # w_flat and shape are no longer read
+    got = _run(model, {"x": x})
+    np.testing.assert_allclose(got[1], expected[1], rtol=1e-6)
+    w = numpy_helper.to_array(model.graph.initializer[names.index(bodies[0].node[1].input[1])])
+    np.testing.assert_array_equal(
+        w, numpy_helper.to_array(_outer_weights_model().graph.initializer[1])[..., 0].T
+    )
+
+
 def _tensordot_model(contracted_axis):
     """tf.tensordot(x (2, 5, 4), w (4, 3)) as tf2onnx writes it, flattening around one axis."""
     free = [a for a in range(3) if a != contracted_axis]

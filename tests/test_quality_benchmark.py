@@ -37,13 +37,10 @@ def test_quality_benchmark_trains_validates_and_decodes_both_builds(tmp_path):
     assert report["heldout"]["count"] == 5
     for name, build in report["builds"].items():
         assert build["steps"] > 0, name
-        # End to end: the tokens its steps moved, over the same budget for both.
-        assert build["budget_target_tokens_per_second"] * MINUTES * 60 == pytest.approx(
-            build["target_tokens"]
-        ), name
-        assert build["target_tokens"] == pytest.approx(
-            build["target_tokens_per_second"] * build["train_seconds"]
-        ), name
+        # Real tokens counted from the batches: no more than the batches could hold, and
+        # no less than one short sentence per step (the numbers corpus's are 2-6 tokens).
+        assert build["steps"] <= build["target_tokens"] <= build["steps"] * 256, name
+        assert build["train_seconds"] <= MINUTES * 60 * 1.5, name
         assert math.isfinite(build["final_val_loss"]), name
         assert math.isfinite(build["token_val_loss"]), name  # per real token, both builds
         assert all(math.isfinite(p["val_loss"]) for p in build["curve"]), name

@@ -23,7 +23,7 @@ import os
 
 from keras_transformer import workdir
 from keras_transformer.export.artifacts import (
-    atomic_directory,
+    atomic_directories,
     check_version,
     check_work_dir,
     next_version,
@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_SEARCH = PAPER  # the search baked into the exports unless `search` says otherwise
 FORMATS = ("saved_model", "onnx", "ctranslate2")
+_TITLES = {"saved_model": "SavedModel", "onnx": "ONNX graphs", "ctranslate2": "CTranslate2 model"}
 
 
 def load_work_dir(work_dir):
@@ -123,32 +124,23 @@ def export_all(
             )
 
     model, tokenizer, _ = load_work_dir(work_dir)
-    if "saved_model" in paths:
-        from keras_transformer.export.saved_model import export_saved_model
+    vocabulary = workdir.WorkDir(work_dir).vocabulary
+    with atomic_directories(paths, overwrite=overwrite) as staging:  # every format or none
+        if "saved_model" in paths:
+            from keras_transformer.export.saved_model import export_saved_model
 
-        with atomic_directory(paths["saved_model"], overwrite=overwrite) as staging:
-            export_saved_model(model, tokenizer, staging, **search.to_dict())
-        logger.info("SavedModel written to %s", paths["saved_model"])
-    if "onnx" in paths:
-        from keras_transformer.export.onnx_graphs import DEFAULT_OPSET, export_onnx
+            export_saved_model(model, tokenizer, staging["saved_model"], **search.to_dict())
+        if "onnx" in paths:
+            from keras_transformer.export.onnx_graphs import DEFAULT_OPSET, export_onnx
 
-        with atomic_directory(paths["onnx"], overwrite=overwrite) as staging:
-            export_onnx(
-                model,
-                workdir.WorkDir(work_dir).vocabulary,
-                staging,
-                opset=opset or DEFAULT_OPSET,
-                search=search.to_dict(),
-            )
-        logger.info("ONNX graphs written to %s", paths["onnx"])
-    if "ctranslate2" in paths:
-        from keras_transformer.export.ctranslate2 import export as export_ctranslate2
+            export_onnx(model, vocabulary, staging["onnx"], opset=opset or DEFAULT_OPSET,
+                        search=search.to_dict())  # fmt: skip
+        if "ctranslate2" in paths:
+            from keras_transformer.export.ctranslate2 import export as export_ctranslate2
 
-        with atomic_directory(paths["ctranslate2"], overwrite=overwrite) as staging:
-            export_ctranslate2(
-                model, workdir.WorkDir(work_dir).vocabulary, staging, search=search.to_dict()
-            )
-        logger.info("CTranslate2 model written to %s", paths["ctranslate2"])
+            export_ctranslate2(model, vocabulary, staging["ctranslate2"], search=search.to_dict())
+    for format_name, path in paths.items():
+        logger.info("%s written to %s", _TITLES[format_name], path)
     return paths
 
 

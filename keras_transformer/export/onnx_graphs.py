@@ -7,6 +7,11 @@
         max_extra_length int32 ()          optional: output tokens beyond the source length (50)
      -> translations     string (B,)
 
+    translate_int8.onnx
+        the same graph with its matrix products' weights quantized to int8
+        (ONNX Runtime's dynamic quantization: int8 weights, activations
+        quantized per call): `OnnxTranslator(..., precision="int8")`.
+
     One graph with everything inside: onnxruntime-extensions' SentencePiece
     tokenizer, the SavedModel's source rules (truncation to max_length - 1
     pieces, EOS, padding), `decoding.translate_ids` itself (greedy and beam
@@ -319,8 +324,40 @@ def export_translate(model, vocab_path, path, search):
     }
 
 
+INT8_GRAPH = "translate_int8.onnx"
+
+
+def quantize_translate(path, int8_path):
+    """Writes `translate.onnx` at `path` with int8 weights to `int8_path` (dynamic quantization).
+
+    Only the `MatMul`s with a constant weight are quantized (one scale per
+    weight matrix, activations quantized per call), inside the search's
+    `If` and `Loop` bodies too (`EnableSubgraph`), which is where every
+    matrix product of the model is; the embedding `Gather`, the attention
+    products and the element-wise ops stay float32. Per-channel scales and
+    `reduce_range` measured no better on the Ding test pairs
+    (benchmarks/README.md, "int8").
+
+    Returns:
+        dict of what config.json records: the file and the settings.
+    """
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    settings = {"op_types": ["MatMul"], "weight_type": "QInt8", "per_channel": False}
+    quantize_dynamic(
+        path,
+        int8_path,
+        op_types_to_quantize=settings["op_types"],
+        weight_type=QuantType.QInt8,
+        per_channel=settings["per_channel"],
+        extra_options={"EnableSubgraph": True},
+    )
+    return {"graph": os.path.basename(int8_path), **settings}
+
+
 def export_onnx(model, vocab_path, export_dir, opset=DEFAULT_OPSET, search=None):
-    """Writes translate.onnx, encoder.onnx, decoder_step.onnx, vocab.model and config.json.
+    """Writes translate.onnx, translate_int8.onnx, encoder.onnx, decoder_step.onnx,
+    vocab.model and config.json.
 
     Args:
         model: a trained `Transformer` (TensorFlow backend).
@@ -346,6 +383,9 @@ def export_onnx(model, vocab_path, export_dir, opset=DEFAULT_OPSET, search=None)
     onnx.save(
         _convert(decoder_step_function(model), opset),
         os.path.join(export_dir, "decoder_step.onnx"),
+    )
+    translate["int8"] = quantize_translate(
+        os.path.join(export_dir, "translate.onnx"), os.path.join(export_dir, INT8_GRAPH)
     )
     shutil.copyfile(vocab_path, os.path.join(export_dir, "vocab.model"))
     config = {

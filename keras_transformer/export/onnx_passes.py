@@ -24,6 +24,14 @@ tf2onnx leaves in the body is paid for T times. Two patterns dominate:
   ONNX's 0 ("copy this dimension of the input"), and drops the reshapes
   that then keep their input's shape.
 
+- After hoisting, the body still reshapes or transposes those weights on
+  every iteration (a kernel of shape (D, N, H) to (D, N * H), the tied
+  embedding to (D, V) for the logits), because tf2onnx folds constants
+  only within one graph and these read the outer graph's initializers.
+  `fold_outer_constants` computes them once, as initializers of the
+  outermost graph, so they cost nothing per step and are initializers
+  that a quantizer can find.
+
 `simplify` runs them and then `prune`, which drops the nodes no one reads
 any more. Each rewrite only fires where it provably computes the same
 values (same GEMM, same layout); the export's parity tests check the
@@ -384,6 +392,78 @@ def prune(graph):
     return removed
 
 
+_FOLDABLE = ("Reshape", "Transpose", "Cast", "Identity")
+
+
+def _fold(node, values):
+    """The numpy output of a `_FOLDABLE` node on constant `values`, with ONNX's semantics."""
+    from onnx import helper
+
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    x = values[0]
+    if node.op_type == "Identity":
+        return x
+    if node.op_type == "Transpose":
+        return np.transpose(x, attributes.get("perm"))
+    if node.op_type == "Cast":
+        return x.astype(helper.tensor_dtype_to_np_dtype(attributes["to"]))
+    shape = [int(d) for d in values[1]]  # Reshape: 0 copies the input's dimension
+    if not attributes.get("allowzero", 0):
+        shape = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
+    return np.reshape(x, shape)
+
+
+def fold_outer_constants(model):
+    """Reshapes, transposes and casts of constants inside subgraphs become initializers.
+
+    A node of a subgraph (an `If` branch, a `Loop` body) whose inputs are all
+    constants (initializers or `Constant`s of its own graph or of any graph
+    around it) is computed once and stored as an initializer of the main
+    graph (named after the node's output); the same computation in several
+    subgraphs (the greedy and the beam loop) is stored once. Nodes of the
+    main graph are left to tf2onnx and ONNX Runtime, which fold them.
+
+    Returns the number of nodes folded.
+    """
+    main = model.graph
+    main_names = {t.name for t in main.initializer}
+    folded = {}  # (op, inputs, attributes) -> the initializer's name
+    folded_values = {}  # the initializer's name -> its value
+    count = 0
+
+    def visit(graph, outer):
+        nonlocal count
+        constants = _constants(graph, outer)
+        for node in list(graph.node):
+            for subgraph in _subgraphs(node):
+                visit(subgraph, constants)
+            if graph is main or node.op_type not in _FOLDABLE:
+                continue
+            if not node.input or not all(name in constants for name in node.input):
+                continue
+            if node.output[0] in {o.name for o in graph.output}:
+                continue
+            attributes = tuple(a.SerializeToString(deterministic=True) for a in node.attribute)
+            key = (node.op_type, tuple(node.input), attributes)
+            output = node.output[0]
+            if key not in folded:
+                value = _fold(node, [constants[name] for name in node.input])
+                name = f"{output}__folded"
+                while name in main_names:
+                    name += "_"
+                main.initializer.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+                main_names.add(name)
+                folded[key] = name
+                folded_values[name] = value
+            _rename_uses(graph, output, folded[key])
+            constants[output] = constants[folded[key]] = folded_values[folded[key]]
+            graph.node.remove(node)
+            count += 1
+
+    visit(main, {})
+    return count
+
+
 def simplify(model):
     """Runs the passes on `model` in place; returns `{pass name: count}`."""
     counts = {
@@ -392,5 +472,6 @@ def simplify(model):
     }
     # Shapes inferred again: an unflattened MatMul's output has the rank of its input now.
     counts["reshapes_made_static"] = static_reshape_shapes(model.graph, _ranks(model))
+    counts["outer_constants_folded"] = fold_outer_constants(model)
     counts["nodes_pruned"] = prune(model.graph)
     return counts

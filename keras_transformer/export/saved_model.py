@@ -30,13 +30,15 @@ def encode_sentences(tokenizer, sentences, max_source_length, eos_id, pad_id=0):
     """`(B,)` strings -> `(B, S)` int32 source ids ending with EOS, `pad_id`-padded.
 
     Invalid UTF-8 is replaced by U+FFFD first (as Python's
-    `bytes.decode("utf-8", "replace")` does), and sentences longer than
+    `bytes.decode("utf-8", "replace")` does), NUL removed
+    (`frontend.clean`), and sentences longer than
     `max_source_length - 1` pieces are truncated, so every input gives a
     defined output.
     """
     sentences = tf.strings.unicode_transcode(
         sentences, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
     )
+    sentences = tf.strings.regex_replace(sentences, r"\x00", "")  # frontend.clean
     pieces = tokenizer(sentences)  # ragged (B, None) int32
     pieces = tf.cast(pieces[:, : frontend.max_source_pieces(max_source_length)], tf.int32)
     eos = tf.fill([pieces.nrows(), 1], tf.constant(eos_id, tf.int32))  # (B, 1)
@@ -56,7 +58,7 @@ _BLANK = frontend.BLANK_CHARACTERS + "*"
 def is_blank(sentences):
     """`(B,)` bool: empty or whitespace-only (`not sentence.strip()` in Python)."""
     valid = tf.strings.unicode_transcode(sentences, "UTF-8", "UTF-8", errors="replace")
-    return tf.strings.regex_full_match(valid, _BLANK)
+    return tf.strings.regex_full_match(tf.strings.regex_replace(valid, r"\x00", ""), _BLANK)
 
 
 def decode_ids(tokenizer, target_ids, eos_id):
