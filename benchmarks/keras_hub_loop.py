@@ -21,6 +21,8 @@ post-LN `TransformerEncoder` / `TransformerDecoder`):
   (0.9, 0.98, 1e-9) on the paper's schedule `scale * d_model^-0.5 *
   min(step^-0.5, step * warmup^-1.5)`; `keras.losses.CategoricalCrossentropy
   (from_logits=True, label_smoothing=0.1)` averaged over real target tokens.
+- input: the next batches are padded in a thread while a step runs (as
+  train.py's input pipeline prefetches), outside the timed window.
 - budget: `--minutes` of training-loop time, checked after every step. The
   validation loss (same label-smoothed loss, all validation pairs by default)
   is measured every `--eval-minutes` with the clock paused, so the curve's
@@ -239,6 +241,26 @@ def validation_loss(eval_step, batches):
     return total / max(count, 1.0)
 
 
+def prefetched(items, make, ahead=2):
+    """`make(item)` of each item in order, the next `ahead` made in a thread while the
+    caller trains on this one, as train.py's input pipeline prefetches its batches."""
+    import collections
+    import itertools
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        iterator = iter(items)
+        pending = collections.deque(
+            pool.submit(make, item) for item in itertools.islice(iterator, ahead)
+        )
+        while pending:
+            result = pending.popleft().result()
+            for item in iterator:
+                pending.append(pool.submit(make, item))
+                break
+            yield result
+
+
 def train(args, config, model, train_pairs, val_batches):
     """Trains for `args.minutes` of loop time; returns the counts and the validation curve."""
     import keras
@@ -268,11 +290,13 @@ def train(args, config, model, train_pairs, val_batches):
 
     evaluate()
     while clock < budget and not diverged:
-        for batch in make_batches(train_pairs.lengths, args.batch_tokens, rng):
+
+        def padded(batch):
+            return batch, pad_batch(train_pairs, batch, config.bos_id, config.eos_id, config.pad_id)
+
+        batches = make_batches(train_pairs.lengths, args.batch_tokens, rng)
+        for batch, (source, target_ids, labels) in prefetched(batches, padded):
             start = time.perf_counter()
-            source, target_ids, labels = pad_batch(
-                train_pairs, batch, config.bos_id, config.eos_id, config.pad_id
-            )
             loss = float(train_step(source, target_ids, labels))
             clock += time.perf_counter() - start
             counts["steps"] += 1
