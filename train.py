@@ -62,6 +62,12 @@ def parse_args(argv=None):
         "below 200k pairs)",
     )
     parser.add_argument(
+        "--attention-dropout",
+        type=float,
+        help="dropout of the attention probabilities (default: the preset's, 0 as in the "
+        "paper; keras-hub's layers and fairseq's --attention-dropout drop them)",
+    )
+    parser.add_argument(
         "--fused-attention",
         action=argparse.BooleanOptionalAction,
         help="attention through keras.ops.dot_product_attention (cuDNN / flash kernels on "

@@ -214,6 +214,22 @@ def build_model(name, config):
     )
 
 
+def set_attention_dropout(model, rate):
+    """Sets the dropout of the attention probabilities of every Keras `MultiHeadAttention`
+    in a built `model`: keras-hub's blocks take one `dropout` for both places. Returns the
+    number of layers set."""
+    import keras
+
+    layers = [
+        layer for layer in model._flatten_layers()
+        if isinstance(layer, keras.layers.MultiHeadAttention)
+    ]  # fmt: skip
+    for layer in layers:
+        layer._dropout = rate
+        layer._dropout_layer.rate = rate
+    return len(layers)
+
+
 def _keras_hub_model(config):
     import keras
     import keras_hub

@@ -8,18 +8,21 @@ Runs, one after the other, each in its own process (this one never imports
 TensorFlow):
 
 1. `python train.py --work-dir OUT/keras_transformer --max-train-minutes M
-   --no-export --no-test`: this package, as a user runs it (checkpoint
-   averaging at the end included); it writes `run.json` and the shared
-   `vocab.model`.
+   --no-export --no-test --average-last 1`: this package, as a user runs it
+   but keeping its last weights, as the loop does (no checkpoint averaging
+   on either side); it writes `run.json` and the shared `vocab.model`.
 2. (unless `--no-decode`) this package's model, loaded with
    `training.load_trained`, translates the held-out sentences with beam 4
    (`evaluation.make_translate_fn`, alpha 0.6): for Ding, the full sentences
    of the test split (`ding.is_sentence`), in order; for other corpora every
-   test pair; `--sentences N` keeps the first N.
+   test pair; `--sentences N` keeps the first N. Both sides decode the
+   sentences twice and time the second pass, so neither pays for tracing.
 3. `benchmarks/keras_hub_loop.py` (the reference: keras-hub layers and a plain
    `tf.function` loop, nothing else of this package) on the same corpus with
-   the same `vocab.model`, preset, dropout, dtype policy, batch tokens, warm-up, seed
-   and minutes, all read back from `run.json`; its learning-rate scale is its
+   the same `vocab.model`, preset, dropout and its placement (keras-hub's
+   blocks would also drop attention probabilities; they are given train.py's
+   attention dropout), dtype policy, batch tokens, warm-up, seed and
+   minutes, all read back from `run.json`; its learning-rate scale is its
    own (`--keras-hub-lr-scale`, default the paper's 1.0). It decodes the
    same sentences with `keras_hub.samplers.BeamSampler(num_beams=4)`.
 
@@ -166,6 +169,8 @@ def run_train_py(args, work_dir):
         "--max-train-minutes", str(args.minutes), "--no-export", "--no-test",
         # Enough epochs that the budget, not the preset's step count, ends training.
         "--epochs", "1000000", "--preset", args.preset, "--seed", str(args.seed),
+        # The last weights, as the loop's: no checkpoint averaging on either side.
+        "--average-last", "1",
         *_data_args(args),
     ]  # fmt: skip
     for option in ("direction", "vocab_size", "batch_tokens", "warmup_steps"):
@@ -205,6 +210,8 @@ def run_keras_hub_loop(args, run_info, ours_dir, work_dir, heldout_path):
         "--tfds-data-dir", os.path.join(ours_dir, "tfds"),
         "--preset", run_info["preset"], "--vocab-size", str(run_info["config"]["vocab_size"]),
         "--dropout", str(run_info["config"]["dropout"]),
+        # train.py's placement: keras-hub's layers would also drop attention probabilities.
+        "--attention-dropout", str(run_info["config"].get("attention_dropout", 0.0)),
         "--dtype-policy", dtype_policy, "--batch-tokens", str(training["batch_tokens"]),
         "--warmup-steps", str(training["warmup_steps"]), "--lr-scale", str(args.keras_hub_lr_scale),
         "--minutes", str(args.minutes), "--seed", str(training.get("seed", args.seed)),
@@ -271,6 +278,7 @@ def decode_worker(args):
         json.dump(heldout, f, indent=1, ensure_ascii=False)
     model, tokenizer, _ = load_trained(work_dir)
     translate = make_translate_fn(model, tokenizer, beam_size=args.beam_size, alpha=args.alpha)
+    translate(heldout["sources"])  # untimed, as the loop's first pass: traces excluded on both
     start = time.time()
     hypotheses = translate(heldout["sources"])
     result = {

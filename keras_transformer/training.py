@@ -434,6 +434,7 @@ def _model_config(config, data, finished):
             name: value
             for name, value in (
                 ("dropout", config.dropout),
+                ("attention_dropout", config.attention_dropout),
                 ("use_fused_attention", config.fused_attention),
             )
             if value is not None
@@ -451,6 +452,8 @@ def _model_config(config, data, finished):
         overrides["vocab_size"] = config.vocab_size
     if config.dropout is not None:
         overrides["dropout"] = config.dropout
+    if config.attention_dropout is not None:
+        overrides["attention_dropout"] = config.attention_dropout
     if config.fused_attention is not None:
         overrides["use_fused_attention"] = config.fused_attention
     return get_preset(config.preset, **overrides)

@@ -100,6 +100,7 @@ class TrainingConfig:
     init_from: str | None = None  # a finished work directory: its weights and vocabulary
     vocab_size: int | None = None  # of the shared BPE vocabulary; None: the preset's
     dropout: float | None = None  # None: the preset's, or `corpus_defaults` off Ding
+    attention_dropout: float | None = None  # of the attention probabilities; None: the preset's
     # keras.ops.dot_product_attention (cuDNN / flash kernels where the backend has
     # them) where no attention dropout is active; None: the preset's (off).
     fused_attention: bool | None = None
