@@ -143,10 +143,10 @@ def quiet_third_party_loggers():
 # kernel and the next step faulted fresh zeroed pages in: 21 million minor
 # page faults and 22% of the process's CPU time in the kernel in a 2-minute
 # run of the `cpu` preset on the 2-core EPYC. Two settings keep the memory in
-# the process (benchmarks/README.md, "End to end"):
+# the process (benchmarks/README.md, "Settled questions"):
 # - TensorFlow's BFC allocator for CPU tensors (the pool its GPU allocator
 #   uses): 0.65 million faults, 5% in the kernel, 1.38x-1.40x steps per second
-#   (`benchmarks/process_env.py`);
+#   (measured with a process-environment benchmark now in the git history);
 # - glibc's thresholds for what does not go through it (Eigen's packing
 #   buffers, tf.data, Python): measured 1.15x before the BFC allocator.
 # Both are read at process start (the BFC switch when TensorFlow creates its
