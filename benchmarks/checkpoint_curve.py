@@ -15,7 +15,7 @@ minutes of each checkpoint are read from `run.json`'s `curve` (fit's wall
 clock). Prints a Markdown table and writes `WORK/checkpoint_curve.json`.
 
 A learning curve in the units users pay for: how much test chrF another
-minute of training buys, and how far a budget is from a target (README,
+minute of training buys, and how far a budget is from a target (docs/training.md,
 "Measured: the default run").
 """
 

@@ -60,7 +60,7 @@ PRESETS = {
     # The default of `python train.py`: as many updates as 22 minutes on 2 CPU
     # cores allow (about 0.23 s per 1,024-token step there). No dropout: measured when
     # such a run saw less than one epoch, where dropout only slows learning; it now
-    # sees about 1.8 (README, "Training").
+    # sees about 1.8 (docs/training.md).
     "cpu": TransformerConfig(
         vocab_size=4000,
         num_layers=2,

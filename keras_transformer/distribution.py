@@ -40,7 +40,7 @@ def make_strategy(logical_devices=None):
     otherwise `MirroredStrategy` over `logical_devices` logical CPU devices or
     over all local GPUs when there are several, and no strategy (TensorFlow's
     default) on one device: a one-replica `MirroredStrategy` only adds
-    per-step cross-replica bookkeeping (benchmarks/README.md, "End to end").
+    per-step cross-replica bookkeeping (benchmarks/README.md, "Settled questions").
     JAX: `keras.distribution.DataParallel` over all devices. torch: none.
     """
     backend = keras.backend.backend()

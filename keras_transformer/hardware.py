@@ -77,7 +77,7 @@ def configure_threads(intra_op=None, inter_op=None):
     Args:
         intra_op, inter_op: thread counts; None keeps TensorFlow's default
             (one per core for both), which measured fastest for training on
-            2 cores (README, "Performance"). `TF_NUM_INTRAOP_THREADS` and
+            2 cores (docs/performance.md). `TF_NUM_INTRAOP_THREADS` and
             `TF_NUM_INTEROP_THREADS` in the environment override both.
 
     Returns:

@@ -445,7 +445,7 @@ def _model_config(config, data, finished):
         overrides = corpus_defaults(data.info["counts"]["train"], config.preset)
         if overrides:
             logger.info(
-                "A corpus of %d training pairs: %s (README, \"Your own data\"; "
+                "A corpus of %d training pairs: %s (docs/data.md, \"Your own data\"; "
                 "--dropout overrides)", data.info["counts"]["train"], overrides,
             )  # fmt: skip
     if config.vocab_size is not None:
@@ -797,7 +797,8 @@ def validation_loss(model, batches, pad_id):
     for features, labels in batches:
         real = float(keras.ops.sum(keras.ops.cast(labels != pad_id, "float32")))
         # The compiled forward pass: eager calls took 43 s per pass of Ding's
-        # validation split, 3 to 4 passes per run (README, "Measured").
+        # validation split, 3 to 4 passes per run (docs/training.md, "Measured: the
+        # default run").
         logits = model.predict_on_batch(features)
         total += float(loss_fn(labels, logits)) * real
         tokens += real

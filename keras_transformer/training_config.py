@@ -16,7 +16,7 @@ DTYPE_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
 TRAINING_DEFAULTS = {
     # The default run: 22 minutes of training on a 2-core CPU, then beam search on
     # the first 1,000 test pairs (`--test-samples 0`: all), within 30 minutes in
-    # all, install included (README, "Measured: the default run": about 5 minutes
+    # all, install included (docs/training.md, "Measured: the default run": about 5 minutes
     # go to install, start-up, averaging, test decoding and export). Small batches
     # and a short warm-up: in this budget the number of updates limits learning.
     "cpu": dict(
@@ -32,7 +32,7 @@ TRAINING_DEFAULTS = {
         # epoch on the EPYC; every other epoch (and the last) halves that.
         validation_every=2,
         # Averaging the last 2 of 200-step checkpoints won in both measured default
-        # runs (validation loss 4.516 -> 4.472); 5 and 8 lost (README).
+        # runs (validation loss 4.516 -> 4.472); 5 and 8 lost (docs/training.md).
         average_last=3,
         # Chosen on the validation split with benchmarks/search_sweep.py (the
         # 22-minute default model): beam 4 with alpha 1.0 beat alpha 0.6 by
@@ -70,14 +70,15 @@ COMMON_DEFAULTS = dict(
 
 
 def corpus_defaults(train_pairs, preset):
-    """Config overrides for a corpus of `train_pairs` training pairs (README, "Your own data").
+    """Config overrides for a corpus of `train_pairs` training pairs
+    (docs/data.md, "Your own data").
 
     The presets' own values suit their corpora: `cpu` sees Ding's 377k pairs
     about 1.8 times in its 22 minutes and trains without dropout. A
     smaller corpus is seen many times in the same budget, and overfits
     without regularization; the published small-data recipes (fairseq's
     IWSLT'14 at 160k pairs, the Multi30k Transformer at 29k) train with
-    dropout 0.3. Not yet measured here (README, "Your own data").
+    dropout 0.3. Not yet measured here (docs/data.md, "Your own data").
 
     Returns:
         dict of `TransformerConfig` fields (possibly empty).

@@ -76,7 +76,7 @@ def to_tf_dataset(batches):
         # In memory, not a generator: Keras discards the validation iterator
         # before every evaluation (`EpochIterator.reset`), and destroying one
         # whose prefetch thread sat in the Python generator stalled `fit` for
-        # about 50 s in most epochs (benchmarks/README.md, "End to end").
+        # about 50 s in most epochs (benchmarks/README.md, "Settled questions").
         evaluation = batches.evaluation()
         ds = _from_batches(evaluation).repeat()
     options = tf.data.Options()
@@ -85,7 +85,7 @@ def to_tf_dataset(batches):
         # the validation iterator before every evaluation. py-spy found `fit`
         # waiting there (`EpochIterator.reset` -> `~IteratorResource` -> the
         # thread pool's join) about 13 s per epoch, a sixth of a 5-minute run
-        # (benchmarks/README.md, "The stall between epochs"). Batches held in
+        # (benchmarks/README.md, "Settled questions"). Batches held in
         # memory have nothing to tune.
         options.autotune.enabled = False
     # Multi-worker: training batches are dealt out to the workers; every worker

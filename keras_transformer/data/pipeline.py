@@ -20,7 +20,8 @@ into batches of about `batch_tokens` tokens per side, padding included
 (Section 5.1 of the paper: "approximately 25000 source tokens and 25000
 target tokens"), in a fresh random order.
 
-Measured (benchmarks/README.md, "End to end" and "Learning per step"): the
+Measured (benchmarks/README.md, "Settled questions"; the per-step figures are in
+its git history): the
 previous `tf.data` pipeline shuffled and re-tokenized the strings on every
 pass, which cost CPU time on the training step's 2 cores; batches of one
 exact length each padded less (10.7% against 12.1%) but learned less per
@@ -108,7 +109,7 @@ def tokenize_split(pairs, tokenizer, max_length, eos_id=3, batch_size=4096):
 # quarter as wide, padding fell from 12.5% to 11.0% on Ding (13.9% to 10.2% on
 # its full sentences) with no loss of learning per step (validation loss after
 # 600 steps 5.26 against 5.33, mean of 3 seeds); one bucket per exact length
-# had learned less per step (benchmarks/README.md, "Learning per step").
+# had learned less per step (measured in benchmarks/README.md's git history, "Learning per step").
 # `boundaries=range(2, max_length + 1)` gives exact lengths.
 BUCKET_BOUNDARIES = (
     3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 20, 22, 24, 27, 30, 33, 36, 40, 44, 48,

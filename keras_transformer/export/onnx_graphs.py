@@ -336,7 +336,7 @@ def quantize_translate(path, int8_path):
     matrix product of the model is; the embedding `Gather`, the attention
     products and the element-wise ops stay float32. Per-channel scales and
     `reduce_range` measured no better on the Ding test pairs
-    (benchmarks/README.md, "int8").
+    (benchmarks/README.md, "Serving").
 
     Returns:
         dict of what config.json records: the file and the settings.
