@@ -808,10 +808,12 @@ def validation_loss(model, batches, pad_id):
 def average_checkpoints_by_validation(model, config, machine, inputs):
     """Averages the last k checkpoints into `model` for the k with the lowest validation loss.
 
-    Runs on the chief when `average_last > 1`. Returns None otherwise, else a
-    dict: `chosen` k, `val_loss` of every k tried (1 = the last weights), `seconds`.
+    Runs on the chief when `average_last >= 1` (with 1 it only measures the
+    last weights' validation loss per real token, which `benchmarks/quality.py`
+    compares). Returns None otherwise, else a dict: `chosen` k, `val_loss` of
+    every k tried (1 = the last weights), `seconds`.
     """
-    if config.average_last <= 1 or not machine.is_chief:
+    if config.average_last < 1 or not machine.is_chief:
         return None
     from keras_transformer.averaging import average_checkpoints, checkpoint_paths
 
