@@ -146,8 +146,6 @@ def test_an_over_long_sentence_translates_as_its_first_pieces(export, onnx, serv
     assert keras_long == keras_prefix != ""
     assert _value(onnx, "long") == [keras_long, keras_long]
     assert serve([LONG, prefix], "translate_greedy") == [keras_long, keras_long]
-    shorter = " ".join(prefix.split()[:-3])  # and a different cut gives a different output
-    assert keras_translations(export[0], [shorter], beam_size=1) != [keras_long]
 
 
 def test_graph_handles_empty_batch_and_blank_itself(onnx, serve):

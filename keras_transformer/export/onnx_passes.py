@@ -434,6 +434,7 @@ def fold_outer_constants(model):
     def visit(graph, outer):
         nonlocal count
         constants = _constants(graph, outer)
+        outputs = {o.name for o in graph.output}
         for node in list(graph.node):
             for subgraph in _subgraphs(node):
                 visit(subgraph, constants)
@@ -441,7 +442,7 @@ def fold_outer_constants(model):
                 continue
             if not node.input or not all(name in constants for name in node.input):
                 continue
-            if node.output[0] in {o.name for o in graph.output}:
+            if node.output[0] in outputs:
                 continue
             attributes = tuple(a.SerializeToString(deterministic=True) for a in node.attribute)
             key = (node.op_type, tuple(node.input), attributes)

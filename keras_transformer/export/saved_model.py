@@ -52,13 +52,13 @@ def at_least_one_column(ids, pad_id=0):
     return tf.pad(ids, [[0, 0], [0, missing]], constant_values=pad_id)
 
 
-_BLANK = frontend.BLANK_CHARACTERS + "*"
+_BLANK = "(?:" + frontend.BLANK_CHARACTERS + r"|\x00)*"  # NUL: removed (`frontend.clean`)
 
 
 def is_blank(sentences):
     """`(B,)` bool: empty or whitespace-only (`not sentence.strip()` in Python)."""
     valid = tf.strings.unicode_transcode(sentences, "UTF-8", "UTF-8", errors="replace")
-    return tf.strings.regex_full_match(tf.strings.regex_replace(valid, r"\x00", ""), _BLANK)
+    return tf.strings.regex_full_match(valid, _BLANK)
 
 
 def decode_ids(tokenizer, target_ids, eos_id):
