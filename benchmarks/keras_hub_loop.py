@@ -279,6 +279,7 @@ def train(args, config, model, train_pairs, val_batches):
     eval_every = 60.0 * (args.eval_minutes or args.minutes / 6)
     counts = dict(steps=0, source_tokens=0, target_tokens=0, sentences=0)
     clock, eval_seconds, next_eval, losses, diverged = 0.0, 0.0, eval_every, [], False
+    first_step_seconds = None
     curve = []  # {"minutes", "step", "val_loss"}; minutes of training-loop time
 
     def evaluate():
@@ -305,6 +306,8 @@ def train(args, config, model, train_pairs, val_batches):
             loss = float(train_step(source, target_ids, labels))
             clock += time.perf_counter() - start
             counts["steps"] += 1
+            if counts["steps"] == 1:
+                first_step_seconds = clock  # with the trace of the step
             counts["source_tokens"] += int(np.count_nonzero(source != config.pad_id))
             counts["target_tokens"] += int(np.count_nonzero(labels != config.pad_id))
             counts["sentences"] += len(batch)
@@ -324,6 +327,7 @@ def train(args, config, model, train_pairs, val_batches):
         **counts,
         "passes_over_data": counts["sentences"] / max(len(train_pairs.lengths), 1),
         "train_seconds": clock,
+        "first_step_seconds": first_step_seconds,
         "eval_seconds": eval_seconds,
         "tokens_per_second": (counts["source_tokens"] + counts["target_tokens"]) / seconds,
         "target_tokens_per_second": counts["target_tokens"] / seconds,

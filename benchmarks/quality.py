@@ -385,6 +385,7 @@ def hub_summary(result):
                 "startup_seconds",
                 "tokenize_seconds",
                 "train_seconds",
+                "first_step_seconds",
                 "eval_seconds",
                 "decode_seconds",
                 "wall_seconds",

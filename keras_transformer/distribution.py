@@ -60,7 +60,13 @@ def make_strategy(logical_devices=None):
             raise ValueError(f"logical_devices must be >= 1. Received: {logical_devices}")
         _set_logical_cpus(logical_devices)
         devices = [f"/cpu:{i}" for i in range(logical_devices)]
-        strategy = tf.distribute.MirroredStrategy(devices=devices)
+        # Gradients summed on one device, not by TensorFlow's ring collectives: the
+        # logical devices share one memory, and the collectives' instance keys can
+        # pair different tensors across replicas ("Shape mismatch in the collective
+        # instance", tensorflow/tensorflow#62790; seen here in compiled steps).
+        strategy = tf.distribute.MirroredStrategy(
+            devices=devices, cross_device_ops=tf.distribute.ReductionToOneDevice()
+        )
     else:
         gpus = tf.config.list_logical_devices("GPU")
         if len(gpus) <= 1:

