@@ -442,7 +442,9 @@ def _model_config(config, data, finished):
         return dataclasses.replace(saved, **changes)
     overrides = {}
     if data.info["name"] != "ding":  # the presets' defaults are measured on Ding
-        overrides = corpus_defaults(data.info["counts"]["train"], config.preset)
+        picked = corpus_defaults(data.info["counts"]["train"], config.preset)
+        # What the command line sets is not picked (nor said to be).
+        overrides = {k: v for k, v in picked.items() if getattr(config, k, None) is None}
         if overrides:
             logger.info(
                 "A corpus of %d training pairs: %s (docs/data.md, \"Your own data\"; "
