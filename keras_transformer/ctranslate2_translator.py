@@ -117,23 +117,42 @@ class CTranslate2Translator:
             sources.append([self._pieces[i] for i in ids] + [eos])
         return sources
 
-    def translate_pieces(self, sources, beam_size, alpha, max_extra_length):
-        """Source pieces (EOS included) -> output piece lists (before EOS)."""
+    def translate_pieces(self, sources, beam_size, alpha, max_extra_length, stopping="k_finished",
+                         patience=1.0):  # fmt: skip
+        """Source pieces (EOS included) -> output piece lists (before EOS).
+
+        CTranslate2 stops a sentence's beam once `beam_size * patience`
+        hypotheses have finished: the package's `stopping="k_finished"`
+        (with CTranslate2's own length penalty, `length ** alpha`). It has
+        no `"bound"` rule, so that setting searches as `"k_finished"` here.
+        """
         # The package's limit: source length (EOS included) + max_extra_length output
         # tokens (EOS included), at most max_length (`decoding.output_limits`).
         limits = [min(len(s) + max_extra_length, self.info["max_length"]) for s in sources]
-        results = self.translator.translate_batch(
-            sources,
+        settings = dict(
             beam_size=beam_size,
             length_penalty=alpha,
-            max_decoding_length=max(limits),
+            patience=patience,
             min_decoding_length=1,
             suppress_sequences=self._suppressed,
             max_input_length=0,
         )
-        # One limit per call in CTranslate2: the greedy prefix does not depend on it,
-        # so cutting each output to its own limit gives the package's greedy output.
-        return [r.hypotheses[0][:limit] for r, limit in zip(results, limits, strict=True)]
+        # One limit per call in CTranslate2. Greedy: the prefix does not depend on it,
+        # so one call and each output cut to its own limit give the package's output.
+        # Beam: a limit changes the search, so each limit gets its own call and an
+        # output never depends on the other sentences of its batch.
+        groups = {max(limits): range(len(sources))} if beam_size == 1 else {}
+        if beam_size > 1:
+            for i, limit in enumerate(limits):
+                groups.setdefault(limit, []).append(i)
+        outputs = [None] * len(sources)
+        for limit, members in groups.items():
+            results = self.translator.translate_batch(
+                [sources[i] for i in members], max_decoding_length=limit, **settings
+            )
+            for i, result in zip(members, results, strict=True):
+                outputs[i] = result.hypotheses[0][: limits[i]]
+        return outputs
 
     def translate(self, sentences, progress=False, beam_size=None, alpha=None,
                   max_extra_length=None):  # fmt: skip

@@ -25,7 +25,7 @@ import numbers
 import keras
 from keras import ops
 
-from keras_transformer.search import PAPER
+from keras_transformer.search import PAPER, SearchConfig
 
 # A large negative log-probability instead of -inf, which turns into NaN in
 # `-inf - -inf` and `0 * -inf` (the flax example makes the same choice).
@@ -102,19 +102,72 @@ def _forbid_early_end(scores, step, eos_id, min_length):
     return ops.where(ops.logical_and(is_eos, step < min_length), NEG_INF, scores)
 
 
+def drops_finished():
+    """Whether this backend's search drops finished rows from its loop.
+
+    TensorFlow (`tf.while_loop` with shape invariants, also in the
+    SavedModel and, converted, in translate.onnx's ONNX `Loop`) and torch
+    (a Python loop) let loop state change its batch size from step to
+    step. JAX's compiled `lax.while_loop` cannot: there finished rows keep
+    their place (computed, their output ignored), as in a fixed-shape search.
+    """
+    return keras.backend.backend() != "jax"
+
+
+def _rows(reference):
+    """`(N, ...)` tensor -> `(N,)` int32 `[0, 1, ..., N-1]`, also for a dynamic N."""
+    ones = ops.ones_like(ops.reshape(reference, (ops.shape(reference)[0], -1))[:, 0], "int32")
+    return ops.cumsum(ones) - 1
+
+
+def _while_loop(cond, body, loop_vars, drop_finished):
+    """`ops.while_loop`, whose state may change its batch size (axis 0) if `drop_finished`."""
+    if drop_finished and keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        def batch_unknown(x):  # (N, ...) -> (None, ...): the invariant of a shrinking batch
+            shape = tf.TensorShape(x.shape)
+            return shape if shape.rank == 0 else tf.TensorShape([None]).concatenate(shape[1:])
+
+        loop_vars = keras.tree.map_structure(tf.convert_to_tensor, loop_vars)
+        invariants = keras.tree.map_structure(batch_unknown, loop_vars)
+        return tf.while_loop(cond, body, loop_vars, shape_invariants=invariants)
+    return ops.while_loop(cond, body, loop_vars)
+
+
+def _match(rows, places, mask):
+    """Where each of `rows (A,)` goes among `places` `0..B-1`, for those with `mask (A,)`.
+
+    Returns `(hit (B,) bool, source (B,) int32)`: place `b` takes row
+    `source[b]` where `hit[b]`. `rows` are distinct. A `(B, A)` comparison:
+    gathers and `where` only, which every runtime runs (no scatter op).
+    """
+    match = ops.logical_and(ops.equal(places[:, None], rows[None, :]), mask[None, :])  # (B, A)
+    hit = ops.any(match, axis=1)
+    source = ops.cast(ops.argmax(ops.cast(match, "int32"), axis=1), "int32")
+    return hit, source
+
+
+def _keep(structure, indices):
+    """Rows `indices` of every tensor of `structure` (batch on axis 0)."""
+    return keras.tree.map_structure(lambda x: ops.take(x, indices, axis=0), structure)
+
+
 def greedy_search(
     tokens_to_logits, cache, start_ids, max_length, eos_id, max_lengths=None, pad_id=0,
-    min_length=MIN_LENGTH,
+    min_length=MIN_LENGTH, drop_finished=None,
 ):  # fmt: skip
     """Greedy decoding: the most likely next token at every step.
 
-    Stops when every sequence has produced `eos_id` or reached its length
-    limit; finished sequences are fed `pad_id` and their output is padded.
-    `eos_id` cannot come before `min_length` other tokens (a length limit
-    below it still ends the sequence).
+    A row stops when it produces `eos_id` or reaches its length limit, and
+    leaves the loop (`drop_finished`): later steps compute only the rows
+    still running, as CTranslate2 and fairseq do. The loop ends when no row
+    runs. `eos_id` cannot come before `min_length` other tokens (a length
+    limit below it still ends the sequence).
 
     Args:
-        tokens_to_logits: `(token_ids (B,), cache) -> (logits (B, V), cache)`.
+        tokens_to_logits: `(token_ids (A,), cache) -> (logits (A, V), cache)`
+            for the A rows still running.
         cache: nested structure of tensors, batch on axis 0.
         start_ids: `(B,)` int, the first input token (BOS).
         max_length: int or int scalar tensor, T: size of the output buffer.
@@ -122,30 +175,63 @@ def greedy_search(
         max_lengths: optional `(B,)` int, per-sequence limit on generated
             tokens (EOS included), at most `max_length`.
         pad_id: int written after EOS.
+        drop_finished: bool; None: `drops_finished()` (not under JAX).
+            Either way the output is the same.
 
     Returns:
         `(B, T)` int32 ids.
     """
+    drop = drops_finished() if drop_finished is None else drop_finished
     start_ids = ops.cast(start_ids, "int32")
     max_lengths = _check_limits(max_length, max_lengths, start_ids)
     tokens = ops.zeros((ops.shape(start_ids)[0], max_length), dtype="int32") + pad_id  # (B, T)
-    finished = ops.zeros_like(start_ids, dtype="bool")  # (B,)
+    places = _rows(start_ids)  # (B,)
+    # The rows still running (A of them): `rows` are their places in the batch.
+    running = dict(
+        rows=places,  # (A,)
+        last_ids=start_ids,  # (A,)
+        limits=max_lengths,  # (A,)
+        alive=ops.ones_like(start_ids, dtype="bool"),  # (A,) False once ended (kept rows)
+        cache=cache,
+    )
 
-    def cond(step, tokens, last_ids, finished, cache):
-        return ops.logical_and(step < max_length, ops.logical_not(ops.all(finished)))
+    def cond(step, tokens, running):
+        return ops.logical_and(step < max_length, ops.any(running["alive"]))
 
-    def body(step, tokens, last_ids, finished, cache):
-        logits, cache = tokens_to_logits(last_ids, cache)  # (B, V)
+    def body(step, tokens, running):
+        alive = running["alive"]
+        logits, cache = tokens_to_logits(running["last_ids"], running["cache"])  # (A, V)
         logits = _forbid_early_end(ops.cast(logits, "float32"), step, eos_id, min_length)
-        next_ids = ops.cast(ops.argmax(logits, axis=-1), "int32")  # (B,)
-        next_ids = ops.where(finished, pad_id, next_ids)
-        tokens = _write(tokens, step, next_ids)
-        ended = ops.logical_or(ops.equal(next_ids, eos_id), step + 1 >= max_lengths)
-        return step + 1, tokens, next_ids, ops.logical_or(finished, ended), cache
+        next_ids = ops.cast(ops.argmax(logits, axis=-1), "int32")  # (A,)
+        next_ids = ops.where(alive, next_ids, pad_id)
+        hit, source = _match(running["rows"], places, alive)  # (B,)
+        at_step = ops.logical_and(hit[:, None], ops.equal(_positions(tokens), step))  # (B, T)
+        tokens = ops.where(at_step, ops.take(next_ids, source)[:, None], tokens)
+        ended = ops.logical_or(ops.equal(next_ids, eos_id), step + 1 >= running["limits"])
+        alive = ops.logical_and(alive, ops.logical_not(ended))
+        running = dict(running, last_ids=next_ids, alive=alive, cache=cache)
+        if drop:
+            running = ops.cond(
+                ops.any(ended),
+                lambda: _keep(running, ops.where(alive)[0]),  # (A', ...)
+                lambda: running,
+            )
+        return step + 1, tokens, running
 
     step = ops.convert_to_tensor(0, dtype="int32")
-    _, tokens, _, _, _ = ops.while_loop(cond, body, (step, tokens, start_ids, finished, cache))
+    _, tokens, _ = _while_loop(cond, body, (step, tokens, running), drop)
     return tokens
+
+
+def _is_done(stopping, finished, alive_log_probs, limit_penalty, needed):
+    """`(A,)` bool: sentences whose beam search has its answer, by the `stopping` rule."""
+    if stopping == "k_finished":
+        return finished["count"] >= needed
+    # "bound": log-probabilities only fall as a hypothesis grows, so no alive one can
+    # score above `max alive log P / length_penalty(limit)` (for alpha >= 0).
+    best_reachable = ops.max(alive_log_probs, axis=1) / limit_penalty  # (A,)
+    worst = ops.min(ops.where(finished["flags"], finished["scores"], 2 * NEG_INF), axis=1)
+    return worst > best_reachable
 
 
 def beam_search(
@@ -159,8 +245,12 @@ def beam_search(
     max_lengths=None,
     pad_id=0,
     min_length=MIN_LENGTH,
+    stopping=PAPER.stopping,
+    patience=PAPER.patience,
+    shared=(),
+    drop_finished=None,
 ):
-    """Beam search with the GNMT length penalty, flax-style.
+    """Beam search with the GNMT length penalty, flax-style, dropping finished sentences.
 
     Keeps `K` alive hypotheses (not yet ended) ranked by log-probability and
     `K` finished ones ranked by `log P / length_penalty(length, alpha)`.
@@ -168,15 +258,31 @@ def beam_search(
     (enough that `K` of them do not end), moves those that end into the
     finished set and keeps the `K` best others alive. A hypothesis ends by
     producing `eos_id` or by reaching its sequence's length limit, so every
-    returned hypothesis is complete. A sequence stops early once no alive
-    hypothesis can still beat its worst finished one: log-probabilities only
-    fall as a hypothesis grows, so `max alive log P / length_penalty(limit)`
-    bounds every score it can reach (for `alpha >= 0`).
+    returned hypothesis is complete.
+
+    A sentence stops at its length limit or, before it, by `stopping`:
+
+    - `"bound"`: once no alive hypothesis can still beat its worst finished
+      one (`max alive log P / length_penalty(limit)` bounds every score it
+      can reach, for `alpha >= 0`): the search's exact answer.
+    - `"k_finished"`: once `ceil(K * patience)` hypotheses have finished
+      (fairseq's and CTranslate2's rule, Hugging Face's
+      `early_stopping=True`); as in fairseq, an end counts only if it is
+      among the `K` best continuations of its step.
+
+    A stopped sentence leaves the loop with its hypotheses and cache rows
+    (`drop_finished`), and its output is final. The hypotheses of one
+    sentence share the cache entries named in `shared` (one row per
+    sentence, e.g. the source's cross-attention keys and values): the beam
+    never reorders them; they only lose the rows of stopped sentences.
 
     Args:
-        tokens_to_logits: `(token_ids (B*K,), cache) -> (logits (B*K, V), cache)`.
-        cache: nested structure of tensors with batch `B` on axis 0; tiled
-            to `B*K` here (beam `k` of sequence `b` is row `b*K + k`).
+        tokens_to_logits: `(token_ids (A*K,), cache) -> (logits (A*K, V), cache)`
+            for the A sentences still running; the `shared` entries of its
+            cache have A rows, the others A*K.
+        cache: nested structure of tensors with batch `B` on axis 0 (a dict
+            if `shared` is given); the entries not in `shared` are tiled to
+            `B*K` here (beam `k` of sequence `b` is row `b*K + k`).
         start_ids: `(B,)` int, the first input token (BOS).
         max_length: int or int scalar tensor, T: size of the output buffer.
         eos_id: int.
@@ -186,6 +292,11 @@ def beam_search(
             tokens (EOS included), at most `max_length`.
         pad_id: int written after EOS.
         min_length: int. `eos_id` cannot come before this many other tokens.
+        stopping: `"bound"` or `"k_finished"` (`search.STOPPING_RULES`).
+        patience: float > 0, for `"k_finished"`.
+        shared: top-level keys of `cache` shared by a sentence's hypotheses.
+        drop_finished: bool; None: `drops_finished()` (not under JAX).
+            Either way the output is the same.
 
     Returns:
         `(sequences (B, K, T) int32, scores (B, K) float32)`, best first;
@@ -195,81 +306,153 @@ def beam_search(
         raise ValueError(f"beam_size must be a positive integer. Received: beam_size={beam_size}")
     if _is_negative(alpha):
         raise ValueError(f"alpha must be >= 0. Received: alpha={alpha}")
+    needed = SearchConfig(beam_size=beam_size, stopping=stopping, patience=patience).needed
+    drop = drops_finished() if drop_finished is None else drop_finished
     k = beam_size
     start_ids = ops.cast(start_ids, "int32")
     max_lengths = _check_limits(max_length, max_lengths, start_ids)  # (B,)
     batch_size = ops.shape(start_ids)[0]
+    places = _rows(start_ids)  # (B,)
 
+    shared_cache = {key: cache[key] for key in shared}
+    if shared:
+        cache = {key: value for key, value in cache.items() if key not in shared}
     cache = keras.tree.map_structure(lambda x: ops.repeat(x, k, axis=0), cache)  # (B*K, ...)
-    last_ids = ops.repeat(start_ids, k, axis=0)  # (B*K,)
     empty = ops.zeros((batch_size * k, max_length), dtype="int32") + pad_id  # (B*K, T)
     zeros = ops.zeros_like(start_ids[:, None], dtype="float32")  # (B, 1)
     # Only beam 0 is alive at the start, so the first step expands one hypothesis.
     first_beam = ops.convert_to_tensor([0.0] + [NEG_INF] * (k - 1), dtype="float32")
-    alive_log_probs = zeros + first_beam[None, :]  # (B, K)
-    finished_scores = zeros + NEG_INF + ops.zeros((1, k), dtype="float32")  # (B, K)
-    finished_flags = ops.zeros_like(finished_scores, dtype="bool")  # (B, K)
-    limit_penalty = length_penalty(max_lengths, alpha)  # (B,)
+    no_scores = zeros + NEG_INF + ops.zeros((1, k), dtype="float32")  # (B, K)
+    output = dict(sequences=empty, scores=no_scores)  # (B*K, T), (B, K): filled as sentences stop
+    # The A sentences still searching and their hypotheses (A*K rows), as named state.
+    beams = dict(
+        sentences=places,  # (A,) their places in the batch
+        limits=max_lengths,  # (A,)
+        limit_penalty=length_penalty(max_lengths, alpha),  # (A,)
+        searching=ops.ones_like(start_ids, dtype="bool"),  # (A,) False once stopped (kept rows)
+        alive_log_probs=zeros + first_beam[None, :],  # (A, K)
+        alive_seqs=empty,  # (A*K, T)
+        last_ids=ops.repeat(start_ids, k, axis=0),  # (A*K,)
+        finished=dict(
+            sequences=empty,  # (A*K, T)
+            scores=no_scores,  # (A, K)
+            flags=ops.zeros_like(no_scores, dtype="bool"),  # (A, K)
+            count=ops.zeros_like(start_ids),  # (A,) hypotheses finished so far
+        ),
+        cache=cache,  # (A*K, ...)
+        shared=shared_cache,  # (A, ...)
+    )
 
-    def cond(step, alive_seqs, alive_log_probs, last_ids, finished_seqs, finished_scores,
-             finished_flags, cache):  # fmt: skip
-        best_reachable = ops.max(alive_log_probs, axis=1) / limit_penalty  # (B,)
-        worst_finished = ops.min(ops.where(finished_flags, finished_scores, 2 * NEG_INF), axis=1)
-        done = ops.logical_or(worst_finished > best_reachable, step >= max_lengths)  # (B,)
-        return ops.logical_and(step < max_length, ops.logical_not(ops.all(done)))
+    def cond(step, output, beams):
+        return ops.logical_and(step < max_length, ops.any(beams["searching"]))
 
-    def body(step, alive_seqs, alive_log_probs, last_ids, finished_seqs, finished_scores,
-             finished_flags, cache):  # fmt: skip
-        logits, cache = tokens_to_logits(last_ids, cache)  # (B*K, V)
+    def body(step, output, beams):
+        logits, cache = tokens_to_logits(beams["last_ids"], {**beams["cache"], **beams["shared"]}
+                                         if shared else beams["cache"])  # fmt: skip
+        if shared:
+            cache = {key: value for key, value in cache.items() if key not in shared}
         vocab_size = logits.shape[-1]  # static; K*V >= 2K candidates for any V >= 2
-        log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)  # (B*K, V)
+        log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)  # (A*K, V)
         log_probs = _forbid_early_end(log_probs, step, eos_id, min_length)
-        log_probs = ops.reshape(log_probs, (-1, k, vocab_size))  # (B, K, V)
-        candidates = alive_log_probs[:, :, None] + log_probs  # (B, K, V)
-        candidates = ops.reshape(candidates, (-1, k * vocab_size))  # (B, K*V)
+        log_probs = ops.reshape(log_probs, (-1, k, vocab_size))  # (A, K, V)
+        candidates = beams["alive_log_probs"][:, :, None] + log_probs  # (A, K, V)
+        candidates = ops.reshape(candidates, (-1, k * vocab_size))  # (A, K*V)
 
         # The 2K best continuations: at most K of them end, so K stay alive.
-        top_log_probs, top_indices = ops.top_k(candidates, 2 * k)  # (B, 2K)
+        top_log_probs, top_indices = ops.top_k(candidates, 2 * k)  # (A, 2K)
         top_indices = ops.cast(top_indices, "int32")
         top_beams = ops.floor_divide(top_indices, vocab_size) + _batch_offsets(top_indices, k)
-        top_ids = ops.mod(top_indices, vocab_size)  # (B, 2K)
-        top_seqs = _write(_take(alive_seqs, top_beams), step, ops.reshape(top_ids, (-1,)))
-        ends = ops.logical_or(
-            ops.equal(top_ids, eos_id), (step + 1 >= max_lengths)[:, None]
-        )  # (B, 2K)
+        top_ids = ops.mod(top_indices, vocab_size)  # (A, 2K)
+        top_seqs = _write(_take(beams["alive_seqs"], top_beams), step, ops.reshape(top_ids, (-1,)))
+        at_limit = (step + 1 >= beams["limits"])[:, None]  # (A, 1)
+        ends = ops.logical_or(ops.equal(top_ids, eos_id), at_limit)  # (A, 2K)
+        finishes = ends
+        if stopping == "k_finished":  # fairseq: an end among the K best continuations
+            among_best = ops.logical_or(_positions(top_ids) < k, at_limit)  # (A, 2K)
+            finishes = ops.logical_and(ends, among_best)
 
-        # Alive: the K best that did not end. The cache follows its beams.
-        alive_log_probs, keep = ops.top_k(ops.where(ends, NEG_INF, top_log_probs), k)  # (B, K)
-        keep = ops.cast(keep, "int32") + _batch_offsets(keep, 2 * k)  # into B*2K rows
-        alive_seqs = _take(top_seqs, keep)  # (B*K, T)
-        last_ids = _take(ops.reshape(top_ids, (-1,)), keep)  # (B*K,)
-        parents = _take(ops.reshape(top_beams, (-1,)), keep)  # (B*K,) rows of the old cache
-        cache = keras.tree.map_structure(lambda x: ops.take(x, parents, axis=0), cache)
+        # Alive: the K best that did not end.
+        alive_log_probs, keep = ops.top_k(ops.where(ends, NEG_INF, top_log_probs), k)  # (A, K)
+        keep = ops.cast(keep, "int32") + _batch_offsets(keep, 2 * k)  # into A*2K rows
+        alive_seqs = _take(top_seqs, keep)  # (A*K, T)
+        last_ids = _take(ops.reshape(top_ids, (-1,)), keep)  # (A*K,)
+        parents = _take(ops.reshape(top_beams, (-1,)), keep)  # (A*K,) rows of the old cache
 
         # Finished: the K best of the old finished set and the new ends.
+        old = beams["finished"]
         new_scores = top_log_probs / length_penalty(step + 1, alpha)
-        new_scores = ops.where(ends, new_scores, NEG_INF)  # (B, 2K)
-        scores = ops.concatenate([finished_scores, new_scores], axis=1)  # (B, 3K)
-        flags = ops.concatenate([finished_flags, ends], axis=1)  # (B, 3K)
-        finished_scores, pick = ops.top_k(scores, k)  # (B, K), old ones first on ties
+        new_scores = ops.where(finishes, new_scores, NEG_INF)  # (A, 2K)
+        scores = ops.concatenate([old["scores"], new_scores], axis=1)  # (A, 3K)
+        flags = ops.concatenate([old["flags"], finishes], axis=1)  # (A, 3K)
+        finished_scores, pick = ops.top_k(scores, k)  # (A, K), old ones first on ties
         pick = ops.cast(pick, "int32")
-        finished_flags = ops.take_along_axis(flags, pick, axis=1)
-        # Rows of concat([finished_seqs (B*K, T), top_seqs (B*2K, T)]).
-        from_old = pick < k
+        # Rows of concat([old sequences (A*K, T), top_seqs (A*2K, T)]).
         old_rows = pick + _batch_offsets(pick, k)
-        new_rows = batch_size * k + (pick - k) + _batch_offsets(pick, 2 * k)
-        rows = ops.where(from_old, old_rows, new_rows)
-        finished_seqs = _take(ops.concatenate([finished_seqs, top_seqs], axis=0), rows)
-        return (step + 1, alive_seqs, alive_log_probs, last_ids, finished_seqs, finished_scores,
-                finished_flags, cache)  # fmt: skip
+        new_rows = ops.shape(top_ids)[0] * k + (pick - k) + _batch_offsets(pick, 2 * k)
+        rows = ops.where(pick < k, old_rows, new_rows)
+        finished = dict(
+            sequences=_take(ops.concatenate([old["sequences"], top_seqs], axis=0), rows),
+            scores=finished_scores,
+            flags=ops.take_along_axis(flags, pick, axis=1),
+            count=old["count"] + ops.sum(ops.cast(finishes, "int32"), axis=1),
+        )
+
+        # A sentence that stops hands its finished hypotheses to the output.
+        done = _is_done(stopping, finished, alive_log_probs, beams["limit_penalty"], needed)
+        done = ops.logical_or(done, at_limit[:, 0])  # (A,)
+        stops = ops.logical_and(beams["searching"], done)
+        hit, source = _match(beams["sentences"], places, stops)  # (B,)
+        output = dict(
+            sequences=ops.where(
+                ops.repeat(hit, k, axis=0)[:, None],
+                _take(finished["sequences"], source[:, None] * k + ops.arange(k, dtype="int32")),
+                output["sequences"],
+            ),
+            scores=ops.where(hit[:, None], ops.take(finished_scores, source, axis=0),
+                             output["scores"]),  # fmt: skip
+        )
+        beams = dict(
+            beams,
+            searching=ops.logical_and(beams["searching"], ops.logical_not(done)),
+            alive_log_probs=alive_log_probs,
+            alive_seqs=alive_seqs,
+            last_ids=last_ids,
+            finished=finished,
+            cache=cache,
+        )
+        if not drop:  # the cache follows its beams
+            return step + 1, output, dict(beams, cache=_keep(cache, parents))
+
+        def without_stopped():
+            sentences = ops.where(beams["searching"])[0]  # (A',)
+            hypotheses = ops.reshape(sentences[:, None] * k + ops.arange(k, dtype="int32"), (-1,))
+            per_sentence = ("sentences", "limits", "limit_penalty", "searching",
+                            "alive_log_probs", "shared")  # fmt: skip
+            kept = {key: _keep(beams[key], sentences) for key in per_sentence}
+            return dict(
+                kept,
+                alive_seqs=ops.take(alive_seqs, hypotheses, axis=0),
+                last_ids=ops.take(last_ids, hypotheses, axis=0),
+                finished=dict(
+                    sequences=ops.take(finished["sequences"], hypotheses, axis=0),
+                    **_keep({key: finished[key] for key in ("scores", "flags", "count")},
+                            sentences),  # fmt: skip
+                ),
+                cache=_keep(cache, ops.take(parents, hypotheses, axis=0)),
+            )
+
+        beams = ops.cond(
+            ops.any(done), without_stopped, lambda: dict(beams, cache=_keep(cache, parents))
+        )
+        return step + 1, output, beams
 
     step = ops.convert_to_tensor(0, dtype="int32")
-    state = (step, empty, alive_log_probs, last_ids, empty, finished_scores, finished_flags, cache)
-    state = ops.while_loop(cond, body, state)
-    finished_seqs, finished_scores = state[4], state[5]
-    rows = _batch_offsets(finished_scores, k)[:, 0]  # (B,)
-    sequences = ops.stack([ops.take(finished_seqs, rows + i, axis=0) for i in range(k)], axis=1)
-    return sequences, finished_scores
+    _, output, _ = _while_loop(cond, body, (step, output, beams), drop)
+    rows = _batch_offsets(output["scores"], k)[:, 0]  # (B,)
+    sequences = ops.stack(
+        [ops.take(output["sequences"], rows + i, axis=0) for i in range(k)], axis=1
+    )  # (B, K, T)
+    return sequences, output["scores"]
 
 
 def suppress_tokens(tokens_to_logits, token_ids):
@@ -332,6 +515,8 @@ def translate_ids(
     alpha=PAPER.alpha,
     max_extra_length=PAPER.max_extra_length,
     num_hypotheses=None,
+    stopping=PAPER.stopping,
+    patience=PAPER.patience,
 ):
     """Source ids to output ids with the model's key/value cache. Pure tensor code.
 
@@ -346,6 +531,8 @@ def translate_ids(
 
         num_hypotheses: None, or int N <= beam_size: return the N best
             hypotheses of the beam with their scores.
+        stopping, patience: when a sentence's beam search stops
+            (`search.SearchConfig`).
 
     Returns:
         `(B, T)` int32 ids: the best hypothesis without BOS, EOS included,
@@ -373,6 +560,7 @@ def translate_ids(
         return greedy_search(step, cache, start_ids, buffer_length, **search)
     sequences, scores = beam_search(
         step, cache, start_ids, buffer_length, beam_size=beam_size, alpha=alpha,
+        stopping=stopping, patience=patience, shared=getattr(model, "SOURCE_CACHE", ()),
         **search,
     )  # fmt: skip
     if num_hypotheses is not None:
@@ -387,6 +575,8 @@ def compile_translate_ids(
     max_extra_length=PAPER.max_extra_length,
     jit_compile=False,
     num_hypotheses=None,
+    stopping=PAPER.stopping,
+    patience=PAPER.patience,
 ):
     """`translate_ids` compiled for the current backend: `fn(source_ids) -> ids`
     (with `num_hypotheses`: `-> (ids, scores)`).
@@ -399,7 +589,10 @@ def compile_translate_ids(
     """
 
     def run(source_ids):
-        return translate_ids(model, source_ids, beam_size, alpha, max_extra_length, num_hypotheses)
+        return translate_ids(
+            model, source_ids, beam_size, alpha, max_extra_length, num_hypotheses, stopping,
+            patience,
+        )  # fmt: skip
 
     backend = keras.backend.backend()
     if backend == "tensorflow":

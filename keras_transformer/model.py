@@ -286,6 +286,10 @@ class Transformer(keras.Model):
             target_ids, encoder_outputs, source_ids, training=training, packing=packing or None
         )
 
+    # The entries of `init_cache` that belong to the source sentence: one row per
+    # sentence, shared by its beam hypotheses (`decoding.beam_search`'s `shared`).
+    SOURCE_CACHE = ("cross_key", "cross_value", "source_mask")
+
     def init_cache(self, source_ids, max_length):
         """Encodes the source and allocates the decoding cache.
 
@@ -329,7 +333,10 @@ class Transformer(keras.Model):
 
         Args:
             token_ids: `(B,)` ids of the tokens at position `cache["index"]`.
-            cache: dict from `init_cache` or a previous `decode_step`.
+            cache: dict from `init_cache` or a previous `decode_step`. Its
+                `SOURCE_CACHE` entries may have `B / K` rows, each shared by
+                K consecutive rows of `token_ids` (the hypotheses of one
+                sentence in a beam search).
 
         Returns:
             `(logits (B, V) float32, cache)` with `index` advanced by one.

@@ -13,9 +13,9 @@ in processes that have neither.
 Example:
 
 >>> PAPER
-SearchConfig(beam_size=4, alpha=0.6, max_extra_length=50)
+SearchConfig(beam_size=4, alpha=0.6, max_extra_length=50, stopping='bound', patience=1.0)
 >>> PAPER.replace(beam_size=1, alpha=None)  # None keeps the setting
-SearchConfig(beam_size=1, alpha=0.6, max_extra_length=50)
+SearchConfig(beam_size=1, alpha=0.6, max_extra_length=50, stopping='bound', patience=1.0)
 >>> SearchConfig(beam_size=0)
 Traceback (most recent call last):
 ...
@@ -25,6 +25,11 @@ ValueError: beam_size must be a positive integer. Received: beam_size=0
 import dataclasses
 import math
 import numbers
+
+# How a beam search decides that a sentence has its answer (`decoding.beam_search`):
+# "bound": no alive hypothesis can still beat the worst finished one (exact);
+# "k_finished": beam_size * patience hypotheses have finished (fairseq, CTranslate2).
+STOPPING_RULES = ("bound", "k_finished")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,11 +43,25 @@ class SearchConfig:
         max_extra_length: int >= 0. An output has at most its source length
             plus this many tokens (the paper: 50), and at most the model's
             `max_length`.
+        stopping: one of `STOPPING_RULES`: when a sentence's beam search
+            stops before its length limit. `"bound"` (the default) stops
+            once no alive hypothesis can score above the worst of the K
+            finished ones, under `log P / ((5 + length) / 6) ** alpha`:
+            the search's exact answer, which at large alpha runs most
+            sentences to their limit. `"k_finished"` stops once
+            `ceil(beam_size * patience)` hypotheses have ended (an end
+            counts when it is among the K best continuations of its step),
+            as fairseq and CTranslate2 do; the best finished one under the
+            same score wins.
+        patience: float > 0, `"k_finished"`'s factor (CTranslate2's
+            `patience`; 1.0 is fairseq's rule).
     """
 
     beam_size: int = 4
     alpha: float = 0.6
     max_extra_length: int = 50
+    stopping: str = "bound"
+    patience: float = 1.0
 
     def __post_init__(self):
         if not _is_int(self.beam_size) or self.beam_size < 1:
@@ -61,6 +80,22 @@ class SearchConfig:
                 "max_extra_length must be an integer >= 0. "
                 f"Received: max_extra_length={self.max_extra_length!r}"
             )
+        if self.stopping not in STOPPING_RULES:
+            raise ValueError(
+                f"stopping must be one of {STOPPING_RULES}. Received: stopping={self.stopping!r}"
+            )
+        if (
+            not isinstance(self.patience, numbers.Real)
+            or isinstance(self.patience, bool)
+            or not math.isfinite(self.patience)
+            or self.patience <= 0
+        ):
+            raise ValueError(f"patience must be a number > 0. Received: patience={self.patience!r}")
+
+    @property
+    def needed(self):
+        """Finished hypotheses that stop a sentence under `"k_finished"`: ceil(K * patience)."""
+        return max(1, math.ceil(self.beam_size * self.patience - 1e-9))
 
     def replace(self, **settings):
         """A copy with the settings given; a setting given as None keeps this one's."""

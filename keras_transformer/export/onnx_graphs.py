@@ -52,7 +52,7 @@ import tensorflow as tf
 from keras_transformer.decoding import translate_ids
 from keras_transformer.export.onnx_passes import simplify
 from keras_transformer.export.onnx_text import text_to_text
-from keras_transformer.search import SearchConfig
+from keras_transformer.search import PAPER, SearchConfig
 
 # tf2onnx supports opsets up to 18; 17 is the newest every onnxruntime >= 1.13 runs.
 DEFAULT_OPSET = 17
@@ -140,6 +140,7 @@ class GrowingCache:
     def __init__(self, model):
         self.model = model
         self.config = model.config
+        self.SOURCE_CACHE = model.SOURCE_CACHE
         self.built = model.built
 
     def _zeros(self, reference, positions, dtype):
@@ -172,14 +173,16 @@ class GrowingCache:
         return logits, cache
 
 
-def search_function(model, beam_sizes=(1, 4)):
+def search_function(model, beam_sizes=(1, 4), stopping=PAPER.stopping, patience=PAPER.patience):
     """`tf.function`: `decoding.translate_ids` with the search settings as inputs.
 
     Inputs: `source_ids` int32 (B, S); `beam_size` int32 scalar, one of
     `beam_sizes` (another value runs the last of them); `alpha` float32
     and `max_extra_length` int32 scalars (negative values count as 0).
     Output: `target_ids` int32 (B, T). Each beam size is its own branch
-    (the search's state has the beam size in its shapes).
+    (the search's state has the beam size in its shapes); a beam size not
+    in `beam_sizes` fails in the graph with a message naming them.
+    `stopping` and `patience` are baked in (`search.SearchConfig`).
     """
     if not beam_sizes or any(not isinstance(k, int) or k < 1 for k in beam_sizes):
         raise ValueError(f"beam_sizes must be positive integers. Received: {beam_sizes}")
@@ -199,11 +202,23 @@ def search_function(model, beam_sizes=(1, 4)):
         max_extra_length = tf.maximum(max_extra_length, 0)
 
         def branch(k):
-            return lambda: translate_ids(grown, source_ids, k, alpha, max_extra_length)
+            return lambda: translate_ids(
+                grown, source_ids, k, alpha, max_extra_length, stopping=stopping, patience=patience
+            )
+
+        def refuse():
+            # ONNX has no assert: an out-of-range Gather fails in ONNX Runtime with this
+            # node's name in its message; TensorFlow fails at the Assert first.
+            message = f"beam_size must be one of the exported beam sizes {list(beam_sizes)}"
+            assertion = tf.debugging.Assert(False, [message + ". Received:", beam_size])
+            with tf.control_dependencies([assertion]):
+                index = tf.reshape(beam_size, [1]) + 1_000_000
+            name = "beam_size_must_be_one_of_" + "_or_".join(map(str, beam_sizes))
+            return tf.gather(tf.zeros([1, 1], tf.int32), index, name=name)  # (1, 1), never
 
         def select(sizes):  # nested conditionals: only the chosen search runs
-            if len(sizes) == 1:
-                return branch(sizes[0])()
+            if not sizes:
+                return refuse()
             return tf.cond(tf.equal(beam_size, sizes[0]), branch(sizes[0]),
                            lambda: select(sizes[1:]))  # fmt: skip
 
@@ -301,7 +316,9 @@ def export_translate(model, vocab_path, path, search):
     import onnx
 
     beam_sizes = tuple(sorted({1, int(search["beam_size"])}))
-    search_graph = _convert(search_function(model, beam_sizes), TRANSLATE_OPSET)
+    rule = dict(stopping=search.get("stopping", PAPER.stopping),
+                patience=search.get("patience", PAPER.patience))  # fmt: skip
+    search_graph = _convert(search_function(model, beam_sizes, **rule), TRANSLATE_OPSET)
     with open(vocab_path, "rb") as f:
         vocab_model = f.read()
     defaults = {
@@ -320,6 +337,7 @@ def export_translate(model, vocab_path, path, search):
         "outputs": ["translations"],
         "beam_sizes": list(beam_sizes),
         "defaults": {name: value.item() for name, value in defaults.items()},
+        "search_rule": rule,  # baked into the graph
         "opset": TRANSLATE_OPSET,
     }
 

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from keras_transformer import frontend
 from keras_transformer.decoding import translate_ids
-from keras_transformer.search import PAPER
+from keras_transformer.search import PAPER, SearchConfig
 
 SIGNATURES = ("serving_default", "translate_greedy", "translate_ids", "greedy_ids")
 
@@ -78,6 +78,8 @@ def export_saved_model(
     beam_size=PAPER.beam_size,
     alpha=PAPER.alpha,
     max_extra_length=PAPER.max_extra_length,
+    stopping=PAPER.stopping,
+    patience=PAPER.patience,
 ):
     """Writes the four signatures of a `Transformer` and its tokenizer to `export_dir`.
 
@@ -85,8 +87,8 @@ def export_saved_model(
         model: a trained `Transformer` (TensorFlow backend).
         tokenizer: a keras-hub `SentencePieceTokenizer` with the model's vocabulary.
         export_dir: directory to write (TF Serving's `<name>/<version>`).
-        beam_size, alpha, max_extra_length: search settings baked into the
-            beam signatures (see `decoding.translate_ids`).
+        beam_size, alpha, max_extra_length, stopping, patience: search
+            settings baked into the signatures (`search.SearchConfig`).
     """
     if keras.backend.backend() != "tensorflow":
         raise RuntimeError(
@@ -94,6 +96,8 @@ def export_saved_model(
             f"Received: backend={keras.backend.backend()!r}"
         )
     config = model.config
+    settings = SearchConfig(beam_size, alpha, max_extra_length, stopping, patience).to_dict()
+    search = {key: value for key, value in settings.items() if key != "beam_size"}
     tokenizer.build(None)  # the SentencePiece op must exist before tracking
 
     def text_to_text(beam):
@@ -103,7 +107,7 @@ def export_saved_model(
             source_ids = encode_sentences(
                 tokenizer, sentences, config.max_length, config.eos_id, config.pad_id
             )
-            target_ids = translate_ids(model, source_ids, beam, alpha, max_extra_length)
+            target_ids = translate_ids(model, source_ids, beam, **search)
             translations = decode_ids(tokenizer, target_ids, config.eos_id)
             # As `Translator`: a blank sentence translates to "".
             return {"translations": tf.where(is_blank(sentences), "", translations)}
@@ -114,7 +118,7 @@ def export_saved_model(
         def translate(source_ids):
             source_ids = tf.cast(source_ids[:, : config.max_length], tf.int32)
             source_ids = at_least_one_column(source_ids, config.pad_id)
-            return {"target_ids": translate_ids(model, source_ids, beam, alpha, max_extra_length)}
+            return {"target_ids": translate_ids(model, source_ids, beam, **search)}
 
         return translate
 
@@ -130,7 +134,6 @@ def export_saved_model(
     archive.write_out(export_dir, verbose=False)
     # assets.extra/ is TF Serving's place for files next to a SavedModel; it ignores them.
     os.makedirs(os.path.join(export_dir, "assets.extra"), exist_ok=True)
-    settings = dict(beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length)
     with open(os.path.join(export_dir, "assets.extra", "export_info.json"), "w") as f:
         json.dump({"search": settings, "signatures": SIGNATURES, "model": model.get_config()},
                   f, indent=2)  # fmt: skip

@@ -189,10 +189,11 @@ class DecoderLayer(TransformerBlock):
             inputs: `(B, 1, D)` embedding of the newest target token.
             self_key, self_value: `(B, T_max, N, H)` self-attention cache.
             cache_index: `(B,)` int, the position being decoded.
-            cross_key, cross_value: `(B, S, N, H)` from
-                `compute_cross_key_value(encoder_outputs)`; None for a
-                decoder-only layer.
-            encoder_padding_mask: `(B, S)` bool, True for real source tokens.
+            cross_key, cross_value: `(B / K, S, N, H)` from
+                `compute_cross_key_value(encoder_outputs)`, each row shared
+                by K consecutive rows of `inputs` (K = 1 but in a beam
+                search); None for a decoder-only layer.
+            encoder_padding_mask: `(B / K, S)` bool, True for real source tokens.
 
         Returns:
             `(outputs (B, 1, D), (self_key, self_value))`, the self-attention
@@ -205,11 +206,15 @@ class DecoderLayer(TransformerBlock):
         h, self_cache = self.self_attention.call_with_cache(h, self_key, self_value, cache_index)
         x = self._add_residual(inputs, h, self.self_attention_norm, False)  # (B, 1, D)
         if self.has_cross_attention:
-            h = self._sublayer_input(x, self.cross_attention_norm)
+            h = self._sublayer_input(x, self.cross_attention_norm)  # (B*K, 1, D)
+            # K hypotheses of a sentence share its keys and values (a beam search keeps
+            # one row per sentence): they attend as K query positions of that sentence.
+            h = keras.ops.reshape(h, (keras.ops.shape(cross_key)[0], -1, self.d_model))  # (B, K, D)
             h = self.cross_attention.call_with_key_value(
                 h, cross_key, cross_value, padding_mask=encoder_padding_mask
             )
-            x = self._add_residual(x, h, self.cross_attention_norm, False)  # (B, 1, D)
+            h = keras.ops.reshape(h, (-1, 1, self.d_model))  # (B*K, 1, D)
+            x = self._add_residual(x, h, self.cross_attention_norm, False)  # (B*K, 1, D)
         h = self.feed_forward(self._sublayer_input(x, self.feed_forward_norm))
         x = self._add_residual(x, h, self.feed_forward_norm, False)  # (B, 1, D)
         return x, self_cache

@@ -1,0 +1,258 @@
+"""The search that drops finished sentences, its stopping rules and its shared cache.
+
+- Dropping finished rows and sentences changes no output: the same search
+  with and without it agrees token for token (a trained model, 240
+  sentences of very different lengths in mixed batches, limits that cut
+  rows short), and finished rows really leave the loop.
+- Both stopping rules equal a plain-Python beam search written from their
+  definitions (`reference_beam_search`), on a toy model whose logits depend
+  on the whole history.
+- The hypotheses of a sentence share its cache entries named in `shared`
+  (the cross-attention keys and values): the beam never tiles or reorders
+  them, it only drops the rows of stopped sentences.
+"""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_transformer import decoding
+from keras_transformer.decoding import NEG_INF, beam_search, greedy_search
+
+BOS, EOS, PAD = 2, 3, 0
+TABLE_SIZE = 97
+
+
+def _toy(vocab_size, beam_size, seed=0):
+    """A step function whose logits depend on the whole output and on a per-sentence
+    `offset`, a `shared` cache entry: it has one row per sentence, which the step
+    repeats for the sentence's `beam_size` hypotheses. Were the search to tile or
+    reorder it, the repeat would no longer line up with the hypotheses and the
+    step would fail on the shapes.
+
+    Returns `(tokens_to_logits, logits_after)`, the second the float64 logits
+    after an output prefix for a sentence's offset.
+    """
+    table = np.random.default_rng(seed).normal(size=(TABLE_SIZE, vocab_size)).astype("float32")
+    table *= 2
+
+    def tokens_to_logits(token_ids, cache):
+        offset = ops.repeat(cache["offset"], beam_size, axis=0)  # (A*K,)
+        history = cache["history"] * 31 + ops.cast(token_ids, "int32") + 1 + offset
+        history = ops.mod(history, TABLE_SIZE)  # (A*K,)
+        return ops.take(ops.convert_to_tensor(table), history, axis=0), dict(
+            cache, history=history
+        )
+
+    def logits_after(prefix, offset):
+        history = 0
+        for token in [BOS] + list(prefix):
+            history = (history * 31 + token + 1 + offset) % TABLE_SIZE
+        return table[history].astype("float64")
+
+    return tokens_to_logits, logits_after
+
+
+def _log_softmax(logits):
+    top = np.max(logits)
+    return logits - top - np.log(np.sum(np.exp(logits - top)))
+
+
+def _stable_top(scores, count):
+    """Indices of the `count` largest, earlier first on ties (as `ops.top_k`)."""
+    return sorted(range(len(scores)), key=lambda i: -scores[i])[:count]
+
+
+def reference_beam_search(logits_after, offset, k, alpha, limit, stopping, patience):
+    """One sentence's beam search from the definitions in `decoding.beam_search`,
+    hypothesis by hypothesis in Python: `(sequences, scores)` best first."""
+
+    def penalty(length):
+        return ((5.0 + length) / 6.0) ** alpha
+
+    alive = [((), 0.0)] + [((), NEG_INF)] * (k - 1)  # only beam 0 at the start
+    finished = [((), NEG_INF, False)] * k  # (sequence, score, real)
+    count, needed = 0, max(1, math.ceil(k * patience - 1e-9))
+    for step in range(limit):
+        candidates = []
+        for sequence, log_prob in alive:
+            log_probs = _log_softmax(logits_after(sequence, offset))
+            if step < decoding.MIN_LENGTH:
+                log_probs[EOS] = NEG_INF
+            candidates += [(sequence + (v,), log_prob + lp) for v, lp in enumerate(log_probs)]
+        top = [candidates[i] for i in _stable_top([c[1] for c in candidates], 2 * k)]
+        at_limit = step + 1 >= limit
+        ends = [sequence[-1] == EOS or at_limit for sequence, _ in top]
+        finishes = list(ends)
+        if stopping == "k_finished":
+            finishes = [end and (i < k or at_limit) for i, end in enumerate(ends)]
+        count += sum(finishes)
+        new = [
+            (sequence, log_prob / penalty(step + 1) if f else NEG_INF, f)
+            for (sequence, log_prob), f in zip(top, finishes, strict=True)
+        ]
+        merged = finished + new
+        finished = [merged[i] for i in _stable_top([m[1] for m in merged], k)]
+        survivors = [(s, lp if not e else NEG_INF) for (s, lp), e in zip(top, ends, strict=True)]
+        alive = [(survivors[i][0], survivors[i][1])
+                 for i in _stable_top([s[1] for s in survivors], k)]  # fmt: skip
+        if stopping == "k_finished":
+            done = count >= needed
+        else:
+            best_reachable = max(lp for _, lp in alive) / penalty(limit)
+            done = all(real for *_, real in finished) and min(
+                score for _, score, _ in finished
+            ) > best_reachable
+        if done or at_limit:
+            break
+    return [s for s, _, _ in finished], [score for _, score, _ in finished]
+
+
+def _drop_choices():
+    # JAX's compiled loop cannot change shape: there the search keeps its rows.
+    return [False] if keras.backend.backend() == "jax" else [True, False]
+
+
+@pytest.mark.multibackend
+@pytest.mark.parametrize("drop_finished", _drop_choices())
+@pytest.mark.parametrize(
+    "k, alpha, stopping, patience",
+    [(2, 0.0, "bound", 1.0), (3, 0.6, "bound", 1.0), (3, 1.0, "k_finished", 1.0),
+     (2, 0.6, "k_finished", 2.0), (4, 0.6, "k_finished", 0.5)],
+)  # fmt: skip
+def test_beam_search_equals_the_reference_of_its_rule(k, alpha, stopping, patience, drop_finished):
+    vocab_size = 7
+    tokens_to_logits, logits_after = _toy(vocab_size, k, seed=k)
+    offsets = np.array([0, 5, 11, 17, 23, 42], "int32")
+    limits = np.array([6, 2, 5, 6, 1, 4], "int32")
+    cache = {"history": ops.zeros((len(offsets),), dtype="int32"), "offset": offsets}
+    sequences, scores = beam_search(
+        tokens_to_logits, cache, ops.full((len(offsets),), BOS, dtype="int32"), 6, eos_id=EOS,
+        beam_size=k, alpha=alpha, max_lengths=limits, pad_id=PAD, stopping=stopping,
+        patience=patience, shared=("offset",), drop_finished=drop_finished,
+    )  # fmt: skip
+    sequences, scores = ops.convert_to_numpy(sequences), ops.convert_to_numpy(scores)
+    for row, (offset, limit) in enumerate(zip(offsets, limits, strict=True)):
+        expected, expected_scores = reference_beam_search(
+            logits_after, int(offset), k, alpha, int(limit), stopping, patience
+        )
+        np.testing.assert_allclose(scores[row], expected_scores, rtol=1e-5, atol=1e-4)
+        for got, want in zip(sequences[row], expected, strict=True):
+            assert tuple(int(t) for t in got[: len(want)]) == want, (row, got, want)
+            assert np.all(got[len(want) :] == PAD)
+
+
+@pytest.mark.multibackend
+def test_the_rules_differ_where_k_finished_stops_first():
+    """On the toy model the cheaper rule gives up some score on some sentence: the
+    reference says where, so this test cannot pass with one rule run for both."""
+    k, alpha, limit = 2, 1.0, 6
+    _, logits_after = _toy(7, k, seed=3)
+    differ = 0
+    for offset in range(40):
+        bound = reference_beam_search(logits_after, offset, k, alpha, limit, "bound", 1.0)
+        first = reference_beam_search(logits_after, offset, k, alpha, limit, "k_finished", 1.0)
+        assert first[1][0] <= bound[1][0] + 1e-9  # the bound's answer is the best
+        differ += first[0][0] != bound[0][0]
+    assert differ > 0
+
+
+def _counting(tokens_to_logits, rows_seen):
+    def step(token_ids, cache):
+        rows_seen.append(int(ops.shape(token_ids)[0]))
+        return tokens_to_logits(token_ids, cache)
+
+    return step
+
+
+@pytest.mark.multibackend
+def test_finished_rows_leave_the_loop():
+    if keras.backend.backend() == "jax":
+        pytest.skip("JAX's compiled while loop keeps its shapes: nothing to count")
+
+    # Row 0 ends at its first token, row 1 at its limit of 5, row 2 with EOS at step 3.
+    def tokens_to_logits(token_ids, cache):
+        step = cache["step"]
+        wants_eos = ops.logical_or(cache["ends_at"] == step, cache["ends_at"] < 0)
+        logits = ops.where(
+            wants_eos[:, None], ops.one_hot(ops.full_like(step, EOS), 6) * 5.0,
+            ops.one_hot(ops.full_like(step, 4), 6) * 5.0,
+        )  # fmt: skip
+        return logits, dict(cache, step=step + 1)
+
+    cache = {"step": ops.zeros((3,), "int32"), "ends_at": ops.convert_to_tensor([1, 99, 3])}
+    rows = []
+    ids = greedy_search(
+        _counting(tokens_to_logits, rows), cache, ops.full((3,), BOS, dtype="int32"), 6,
+        eos_id=EOS, max_lengths=ops.convert_to_tensor([6, 5, 6]), pad_id=PAD,
+    )  # fmt: skip
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(ids),
+        [[4, EOS, PAD, PAD, PAD, PAD], [4, 4, 4, 4, 4, PAD], [4, 4, 4, EOS, PAD, PAD]],
+    )
+    assert rows == [3, 3, 2, 2, 1]  # the work: 11 rows x steps, not 3 x 5 = 15
+
+    # Beam 2 on the toy model, limits 1, 3 and 6: each step computes K rows per sentence
+    # still searching, and a stopped sentence's rows are gone from the next step.
+    k = 2
+    toy, _ = _toy(7, k, seed=1)
+    rows = []
+    beam_search(
+        _counting(toy, rows), {"history": ops.zeros((3,), "int32"), "offset": np.array([0, 5, 11], "int32")},
+        ops.full((3,), BOS, dtype="int32"), 6, eos_id=EOS, beam_size=k,
+        max_lengths=ops.convert_to_tensor([1, 3, 6]), pad_id=PAD, shared=("offset",),
+    )  # fmt: skip
+    assert rows[0] == 3 * k and rows[1] == 2 * k  # the limit-1 sentence stopped at step 1
+    assert all(r % k == 0 for r in rows) and rows == sorted(rows, reverse=True)
+    assert len(rows) <= 6 and rows[-1] < 3 * k
+
+
+def test_dropping_finished_changes_no_translation(monkeypatch, tmp_path):
+    """A trained model (the export fixture's copy task), 240 held-out sentences in
+    batches of 48 mixing lengths 1 to 30 pieces, greedy and both beam rules, with
+    output limits that stop rows at their source length (`max_extra_length=0`)
+    or let them run."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("the exports' search: TensorFlow's while loop")
+    from export_fixtures import held_out_sentences, loaded_work_dir, make_work_dir
+
+    from keras_transformer.decoding import compile_translate_ids
+    from keras_transformer.translator import _as_lists
+
+    work_dir = make_work_dir(str(tmp_path / "work"))
+    model, tokenizer, _ = loaded_work_dir(work_dir)
+    rng = np.random.default_rng(0)
+    sentences = held_out_sentences(240, seed=11)
+    sentences = [s if i % 7 else s + " " + s + " " + s for i, s in enumerate(sentences)]
+    pieces = [ids[:30] + [EOS] for ids in _as_lists(tokenizer.tokenize(sentences))]
+    order = rng.permutation(len(pieces))
+    batches = []
+    for start in range(0, len(order), 48):
+        rows = [pieces[i] for i in order[start : start + 48]]
+        ids = np.zeros((len(rows), max(map(len, rows))), "int32")
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = row
+        batches.append(ids)
+    searches = [
+        dict(beam_size=1), dict(beam_size=4, alpha=0.6),
+        dict(beam_size=4, alpha=1.0, stopping="k_finished"),
+        dict(beam_size=3, alpha=0.0, stopping="k_finished", patience=1.5),
+    ]  # fmt: skip
+    ended_early = 0
+    for search in searches:
+        for extra in (0, 50):
+            outputs = {}
+            for drop in (True, False):
+                monkeypatch.setattr(decoding, "drops_finished", lambda drop=drop: drop)
+                run = compile_translate_ids(model, max_extra_length=extra, **search)
+                outputs[drop] = [ops.convert_to_numpy(run(ids)) for ids in batches]
+            for dropped, kept in zip(outputs[True], outputs[False], strict=True):
+                np.testing.assert_array_equal(dropped, kept, err_msg=str((search, extra)))
+            lengths = np.concatenate([np.sum(o != PAD, axis=1) for o in outputs[True]])
+            ended_early += int(np.sum(lengths < lengths.max()))
+            assert len(set(lengths.tolist())) > 3  # rows of very different lengths
+    assert ended_early > 0
+
