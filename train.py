@@ -11,6 +11,8 @@ import sys
 
 
 def parse_args(argv=None):
+    from keras_transformer.search import STOPPING_RULES
+
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
         "--preset", help="base | big | small | cpu | tiny (default cpu, or --init-from's)"
@@ -150,6 +152,15 @@ def parse_args(argv=None):
         type=float,
         help="length penalty of the test decode and the exports (default: 1.0 for cpu, else 0.6)",
     )
+    parser.add_argument(
+        "--stopping",
+        choices=STOPPING_RULES,
+        help="when a sentence's beam search stops: 'k_finished' once beam-size x patience "
+        "hypotheses have ended (fairseq, CTranslate2), 'bound' when no alive one can win "
+        "(exact, slower); of the test decode and the exports (default: k_finished for cpu, "
+        "else bound)",
+    )
+    parser.add_argument("--patience", type=float, help="of --stopping k_finished (default: 1.0)")
     parser.add_argument("--no-export", dest="export", action="store_false")
     parser.add_argument(
         "--prepare-only",

@@ -95,6 +95,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.average < 1:
         raise SystemExit(f"--average must be >= 1. Received: --average {args.average}")
+    from keras_transformer import workdir
     from keras_transformer.averaging import average_checkpoints, checkpoint_paths
     from keras_transformer.evaluation import make_translate_fn
     from keras_transformer.training import load_trained
@@ -105,9 +106,7 @@ def main(argv=None):
         args.work_dir, info, "test", samples, args.ding_path
     )
     metrics = info["metrics"]
-    translate = make_translate_fn(
-        model, tokenizer, beam_size=metrics["beam_size"], alpha=metrics["alpha"]
-    )
+    translate = make_translate_fn(model, tokenizer, workdir.search_of(info))
     steps_per_epoch = info["training"]["steps_per_epoch"]
     minutes = {point["step"]: point["minutes"] for point in info.get("curve", [])}
 

@@ -56,6 +56,7 @@ def main(argv=None):
     from checkpoint_curve import evaluate, evaluation_set
 
     from keras_transformer.evaluation import make_translate_fn
+    from keras_transformer.search import PAPER
     from keras_transformer.training import load_trained
 
     model, tokenizer, info = load_trained(args.work_dir)
@@ -65,7 +66,7 @@ def main(argv=None):
     }
 
     def run(split, beam, alpha):
-        translate = make_translate_fn(model, tokenizer, beam_size=beam, alpha=alpha)
+        translate = make_translate_fn(model, tokenizer, PAPER.replace(beam_size=beam, alpha=alpha))
         start = time.time()
         scores = evaluate(translate, *splits[split])
         return time.time() - start, scores

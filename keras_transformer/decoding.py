@@ -402,14 +402,17 @@ def beam_search(
         done = ops.logical_or(done, at_limit[:, 0])  # (A,)
         stops = ops.logical_and(beams["searching"], done)
         hit, source = _match(beams["sentences"], places, stops)  # (B,)
+        # A slot with no finished hypothesis (fewer than K ended) holds PAD, score NEG_INF.
+        real = ops.where(ops.reshape(finished["flags"], (-1, 1)), finished["sequences"], pad_id)
         output = dict(
             sequences=ops.where(
                 ops.repeat(hit, k, axis=0)[:, None],
-                _take(finished["sequences"], source[:, None] * k + ops.arange(k, dtype="int32")),
+                _take(real, source[:, None] * k + ops.arange(k, dtype="int32")),
                 output["sequences"],
             ),
-            scores=ops.where(hit[:, None], ops.take(finished_scores, source, axis=0),
-                             output["scores"]),  # fmt: skip
+            scores=ops.where(
+                hit[:, None], ops.take(finished_scores, source, axis=0), output["scores"]
+            ),  # fmt: skip
         )
         beams = dict(
             beams,
@@ -435,8 +438,9 @@ def beam_search(
                 last_ids=ops.take(last_ids, hypotheses, axis=0),
                 finished=dict(
                     sequences=ops.take(finished["sequences"], hypotheses, axis=0),
-                    **_keep({key: finished[key] for key in ("scores", "flags", "count")},
-                            sentences),  # fmt: skip
+                    **_keep(
+                        {key: finished[key] for key in ("scores", "flags", "count")}, sentences
+                    ),  # fmt: skip
                 ),
                 cache=_keep(cache, ops.take(parents, hypotheses, axis=0)),
             )

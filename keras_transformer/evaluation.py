@@ -4,18 +4,16 @@ from keras_transformer.search import PAPER
 from keras_transformer.translator import Translator
 
 
-def make_translate_fn(model, tokenizer, beam_size=1, alpha=PAPER.alpha, batch_size=64):
+def make_translate_fn(model, tokenizer, search=PAPER, batch_size=64):
     """`translate(list of str) -> list of str` with the model's key/value cache.
 
-    Beam search decodes `beam_size` hypotheses per sentence, so the batch of
-    sentences shrinks by that factor to keep the decoding batch constant.
+    Args:
+        search: a `SearchConfig`. Beam search decodes `beam_size` hypotheses
+            per sentence, so the batch of sentences shrinks by that factor to
+            keep the decoding batch constant.
     """
     translator = Translator(
-        model,
-        tokenizer,
-        beam_size=beam_size,
-        alpha=alpha,
-        batch_size=max(8, batch_size // beam_size),
+        model, tokenizer, search=search, batch_size=max(8, batch_size // search.beam_size)
     )
     return translator.translate
 

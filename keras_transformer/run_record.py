@@ -9,6 +9,8 @@ import time
 
 import keras
 
+from keras_transformer.workdir import SEARCH_KEYS
+
 
 def build(config, machine, data, model_config, inputs, fitted, averaging, test, wall_start):
     """The contents of `run.json`.
@@ -98,8 +100,8 @@ def build(config, machine, data, model_config, inputs, fitted, averaging, test, 
             "sentences_per_second": per_second * stats["batch_size"],
             "test_decode_seconds": test.seconds,
             "wall_seconds": time.time() - wall_start,
-            "beam_size": config.beam_size,
-            "alpha": config.alpha,
+            # The test decode's search (`workdir.SEARCH_KEYS`): the exports' default.
+            **{key: getattr(config, key) for key in SEARCH_KEYS},
         },
         "history": history,
         "averaging": averaging,

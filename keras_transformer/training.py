@@ -853,9 +853,7 @@ def evaluate_test(model, config, inputs):
     if not config.test or not data.splits["test"]:
         return TestResult({}, [], 0.0)
     test_pairs = data.pairs("test", limit=config.test_samples or None)
-    translate = make_translate_fn(
-        model, inputs.tokenizer, beam_size=config.beam_size, alpha=config.alpha
-    )
+    translate = make_translate_fn(model, inputs.tokenizer, config.search)
     start = time.time()
     hypotheses = translate([s for s, _ in test_pairs])
     seconds = time.time() - start

@@ -65,6 +65,8 @@ COMMON_DEFAULTS = dict(
     cooldown=0.0,  # the paper's schedule to the end
     beam_size=PAPER.beam_size,
     alpha=PAPER.alpha,
+    stopping=PAPER.stopping,
+    patience=PAPER.patience,
     sentence_repeats=1,  # every training pair once per pass
 )
 
@@ -139,11 +141,19 @@ class TrainingConfig:
     test_samples: int | None = None  # test pairs decoded; 0: all
     beam_size: int | None = None  # of the test decode, and the exports' default
     alpha: float | None = None  # length penalty, as `beam_size`
+    stopping: str | None = None  # when a sentence's beam stops (`search.SearchConfig`)
+    patience: float | None = None  # of stopping="k_finished"
     average_last: int | None = None  # average up to this many last checkpoints; 1: none
     export: bool = True  # SavedModel and ONNX at the end
     # Stop after the vocabulary and the tokenized shards are written (as
     # `fairseq-preprocess`): tokenize on one machine, train on another.
     prepare_only: bool = False
+
+    @property
+    def search(self):
+        """The `SearchConfig` of the test decode and the exports (None: the paper's)."""
+        return PAPER.replace(beam_size=self.beam_size, alpha=self.alpha, stopping=self.stopping,
+                             patience=self.patience)  # fmt: skip
 
     def __post_init__(self):
         positive = ("epochs", "steps", "batch_tokens", "warmup_steps", "vocab_size",
@@ -167,7 +177,7 @@ class TrainingConfig:
                 f"max_train_minutes must be >= 0. Received: max_train_minutes="
                 f"{self.max_train_minutes}"
             )
-        PAPER.replace(beam_size=self.beam_size, alpha=self.alpha)  # `SearchConfig`'s checks
+        _ = self.search  # `SearchConfig`'s checks
         if self.cooldown is not None and not 0.0 <= self.cooldown <= 1.0:
             raise ValueError(f"cooldown must be in [0, 1]. Received: cooldown={self.cooldown}")
         if self.dtype_policy is not None and self.dtype_policy not in DTYPE_POLICIES:

@@ -255,15 +255,19 @@ def write_progress(work_dir, train_seconds):
     _write_json(WorkDir(work_dir).progress, {"train_seconds": train_seconds})
 
 
+# The search settings `run.json` records with the test decode's metrics.
+SEARCH_KEYS = ("beam_size", "alpha", "stopping", "patience")
+
+
 def search_of(run_info):
-    """The run's search: the beam size and alpha of its test decode (`run.json`
-    `metrics`), else the paper's. What the exports bake in as their defaults
+    """The run's search: the settings of its test decode (`run.json` `metrics`,
+    `SEARCH_KEYS`), else the paper's. What the exports bake in as their defaults
     and what `Translator.from_preset(work_dir)` and the translate command use,
     so every path translates a work directory alike."""
     from keras_transformer.search import PAPER
 
     metrics = (run_info or {}).get("metrics") or {}
-    return PAPER.replace(beam_size=metrics.get("beam_size"), alpha=metrics.get("alpha"))
+    return PAPER.replace(**{key: metrics.get(key) for key in SEARCH_KEYS})
 
 
 def read_search(work_dir):

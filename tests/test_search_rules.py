@@ -43,9 +43,7 @@ def _toy(vocab_size, beam_size, seed=0):
         offset = ops.repeat(cache["offset"], beam_size, axis=0)  # (A*K,)
         history = cache["history"] * 31 + ops.cast(token_ids, "int32") + 1 + offset
         history = ops.mod(history, TABLE_SIZE)  # (A*K,)
-        return ops.take(ops.convert_to_tensor(table), history, axis=0), dict(
-            cache, history=history
-        )
+        return ops.take(ops.convert_to_tensor(table), history, axis=0), dict(cache, history=history)
 
     def logits_after(prefix, offset):
         history = 0
@@ -103,9 +101,10 @@ def reference_beam_search(logits_after, offset, k, alpha, limit, stopping, patie
             done = count >= needed
         else:
             best_reachable = max(lp for _, lp in alive) / penalty(limit)
-            done = all(real for *_, real in finished) and min(
-                score for _, score, _ in finished
-            ) > best_reachable
+            done = (
+                all(real for *_, real in finished)
+                and min(score for _, score, _ in finished) > best_reachable
+            )
         if done or at_limit:
             break
     return [s for s, _, _ in finished], [score for _, score, _ in finished]
@@ -255,4 +254,3 @@ def test_dropping_finished_changes_no_translation(monkeypatch, tmp_path):
             ended_early += int(np.sum(lengths < lengths.max()))
             assert len(set(lengths.tolist())) > 3  # rows of very different lengths
     assert ended_early > 0
-

@@ -5,7 +5,7 @@ import logging
 
 from keras_transformer import workdir
 from keras_transformer.export import FORMATS
-from keras_transformer.search import PAPER
+from keras_transformer.search import PAPER, STOPPING_RULES
 
 
 def parse_args(description, argv=None):
@@ -23,6 +23,14 @@ def parse_args(description, argv=None):
     parser.add_argument(
         "--alpha", type=float, default=None, help=f"default: run.json's, else {PAPER.alpha}"
     )
+    parser.add_argument(
+        "--stopping", default=None, choices=STOPPING_RULES,
+        help=f"when a sentence's beam search stops (default: run.json's, else {PAPER.stopping})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--patience", type=float, default=None,
+        help=f"k_finished: stop after beam_size * patience ends (default {PAPER.patience})",
+    )  # fmt: skip
     parser.add_argument(
         "--formats",
         default=None,
@@ -54,7 +62,10 @@ def main(formats, description, argv=None):
         raise SystemExit(f"error: {error}") from None
     # The flags, else the run's test-decode settings, else the paper's.
     try:
-        search = workdir.search_of(run_info).replace(beam_size=args.beam_size, alpha=args.alpha)
+        search = workdir.search_of(run_info).replace(
+            beam_size=args.beam_size, alpha=args.alpha, stopping=args.stopping,
+            patience=args.patience,
+        )  # fmt: skip
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None
     try:
