@@ -121,16 +121,14 @@ def _rows(reference):
 
 
 def _while_loop(cond, body, loop_vars, drop_finished):
-    """`ops.while_loop`, whose state may change its batch size (axis 0) if `drop_finished`."""
+    """`ops.while_loop`, whose state may change its shapes if `drop_finished`."""
     if drop_finished and keras.backend.backend() == "tensorflow":
         import tensorflow as tf
 
-        def batch_unknown(x):  # (N, ...) -> (None, ...): the invariant of a shrinking batch
-            shape = tf.TensorShape(x.shape)
-            return shape if shape.rank == 0 else tf.TensorShape([None]).concatenate(shape[1:])
-
+        # Any axis may change: the batch as rows finish, a growing cache's positions.
         loop_vars = keras.tree.map_structure(tf.convert_to_tensor, loop_vars)
-        invariants = keras.tree.map_structure(batch_unknown, loop_vars)
+        invariants = keras.tree.map_structure(lambda x: tf.TensorShape([None] * x.shape.rank),
+                                              loop_vars)  # fmt: skip
         return tf.while_loop(cond, body, loop_vars, shape_invariants=invariants)
     return ops.while_loop(cond, body, loop_vars)
 
@@ -556,6 +554,10 @@ def translate_ids(
     buffer_length, max_lengths = output_limits(
         source_ids, max_extra_length, config.max_length, config.pad_id
     )
+    if drops_finished():  # a loop that may change shapes: the cache grows as it is filled
+        from keras_transformer.model import GrowingCache
+
+        model = GrowingCache(model)
     cache = model.init_cache(source_ids, buffer_length)
     start_ids = ops.zeros_like(source_ids[:, 0]) + config.bos_id  # (B,)
     search = dict(max_lengths=max_lengths, eos_id=config.eos_id, pad_id=config.pad_id)

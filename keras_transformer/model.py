@@ -375,3 +375,63 @@ class Transformer(keras.Model):
         config = dict(config)
         config.pop("trainable", None)
         return cls(**config)
+
+
+class GrowingCache:
+    """A `Transformer` whose self-attention cache holds only the positions decoded so far.
+
+    `Transformer.init_cache` allocates keys and values for all T output
+    positions up front, and every `decode_step` rewrites the whole
+    `(B, L, T, N, H)` buffer (a one-hot blend) and attends over all T,
+    masked: the shapes a compiled loop that cannot change them (JAX)
+    needs. Here the cache holds the positions decoded so far plus one
+    free, zero position: the model's own `decode_step` writes the new key
+    and value there and attends over exactly the earlier positions, then
+    one zero position is appended for the next step. Step t costs O(t),
+    not O(T), and attends over the same keys (the masked ones only ever
+    added exact zeros). It has what `decoding.translate_ids` needs
+    (`config`, `built`, `SOURCE_CACHE`, `init_cache`, `decode_step`), so
+    the search and the model code are the package's own, unchanged.
+
+    The free position is there from the start because a cache with 0
+    positions converts to ONNX `Reshape`s whose 0 means "copy this
+    dimension". The T axis changes size from step to step, so this only
+    works where the loop allows it (`decoding.drops_finished()`): in a
+    `tf.function` with a dynamic source length (T is then statically
+    unknown), and in torch's Python loop.
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self.config = model.config
+        self.SOURCE_CACHE = model.SOURCE_CACHE
+        self.built = model.built
+
+    def _zeros(self, reference, positions, dtype):
+        """`(B, L, positions, N, H)` zeros, batch from `reference` (B, ...)."""
+        config = self.config
+        shape = (
+            ops.shape(reference)[0],
+            config.num_layers,
+            positions,
+            config.num_heads,
+            config.d_model // config.num_heads,
+        )
+        return ops.zeros(shape, dtype)
+
+    def init_cache(self, source_ids, max_length):
+        """The model's cache with one free self-attention position (`max_length` unused)."""
+        cache = self.model.init_cache(source_ids, 1)
+        one = ops.shape(source_ids)[1] * 0 + 1  # a tensor in a graph: T stays unknown to the loop
+        free = self._zeros(source_ids, one, cache["self_key"].dtype)  # (B, L, 1, N, H)
+        return dict(cache, self_key=free, self_value=free)
+
+    def decode_step(self, token_ids, cache):
+        logits, cache = self.model.decode_step(token_ids, cache)  # fills the free position
+        free = self._zeros(cache["self_key"], 1, cache["self_key"].dtype)  # (B, L, 1, N, H)
+        cache = dict(
+            cache,
+            self_key=ops.concatenate([cache["self_key"], free], axis=2),  # (B, L, t + 2, N, H)
+            self_value=ops.concatenate([cache["self_value"], free], axis=2),
+        )
+        return logits, cache

@@ -115,64 +115,6 @@ def decoder_step_function(model):
     return decoder_step
 
 
-class GrowingCache:
-    """A `Transformer` whose self-attention cache holds only the positions decoded so far.
-
-    `Transformer.init_cache` allocates keys and values for all T output
-    positions up front, and every `decode_step` rewrites the whole
-    `(B, L, T, N, H)` buffer (a one-hot blend) and attends over all T,
-    masked. Here the cache holds the positions decoded so far plus one
-    free, zero position: the model's own `decode_step` writes the new key
-    and value there and attends over exactly the earlier positions, then
-    one zero position is appended for the next step. Step t costs O(t),
-    not O(T), and attends over the same keys (the masked ones only ever
-    added exact zeros). It has what `decoding.translate_ids` needs
-    (`config`, `built`, `init_cache`, `decode_step`), so the search and
-    the model code are the package's own, unchanged.
-
-    The free position is there from the start because a cache with 0
-    positions converts to ONNX `Reshape`s whose 0 means "copy this
-    dimension". The T axis changes size from step to step, so this only
-    works where the while loop allows it: in a `tf.function` with a
-    dynamic source length (the cache's T is then statically unknown).
-    """
-
-    def __init__(self, model):
-        self.model = model
-        self.config = model.config
-        self.SOURCE_CACHE = model.SOURCE_CACHE
-        self.built = model.built
-
-    def _zeros(self, reference, positions, dtype):
-        """`(B, L, positions, N, H)` zeros, batch from `reference` (B, ...)."""
-        config = self.config
-        shape = (
-            tf.shape(reference)[0],
-            config.num_layers,
-            positions,
-            config.num_heads,
-            config.d_model // config.num_heads,
-        )
-        return tf.zeros(tf.stack(shape), dtype)
-
-    def init_cache(self, source_ids, max_length):
-        """The model's cache with one free self-attention position (`max_length` unused)."""
-        cache = self.model.init_cache(source_ids, 1)
-        one = tf.shape(source_ids)[1] * 0 + 1  # a tensor: T stays unknown to the loop
-        free = self._zeros(source_ids, one, cache["self_key"].dtype)  # (B, L, 1, N, H)
-        return dict(cache, self_key=free, self_value=free)
-
-    def decode_step(self, token_ids, cache):
-        logits, cache = self.model.decode_step(token_ids, cache)  # fills the free position
-        free = self._zeros(cache["self_key"], 1, cache["self_key"].dtype)  # (B, L, 1, N, H)
-        cache = dict(
-            cache,
-            self_key=tf.concat([cache["self_key"], free], axis=2),  # (B, L, t + 2, N, H)
-            self_value=tf.concat([cache["self_value"], free], axis=2),
-        )
-        return logits, cache
-
-
 def search_function(model, beam_sizes=(1, 4), stopping=PAPER.stopping, patience=PAPER.patience):
     """`tf.function`: `decoding.translate_ids` with the search settings as inputs.
 
@@ -188,7 +130,6 @@ def search_function(model, beam_sizes=(1, 4), stopping=PAPER.stopping, patience=
         raise ValueError(f"beam_sizes must be positive integers. Received: {beam_sizes}")
     if not model.built:
         model.build()
-    grown = GrowingCache(model)
     signature = [
         tf.TensorSpec([None, None], tf.int32, name="source_ids"),
         tf.TensorSpec([], tf.int32, name="beam_size"),
@@ -203,7 +144,7 @@ def search_function(model, beam_sizes=(1, 4), stopping=PAPER.stopping, patience=
 
         def branch(k):
             return lambda: translate_ids(
-                grown, source_ids, k, alpha, max_extra_length, stopping=stopping, patience=patience
+                model, source_ids, k, alpha, max_extra_length, stopping=stopping, patience=patience
             )
 
         def refuse():

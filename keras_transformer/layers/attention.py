@@ -288,7 +288,10 @@ class MultiHeadAttention(keras.layers.Layer):
         logits = ops.cast(logits, "float32") * (1.0 / math.sqrt(self.head_dim))
         if mask is not None:
             logits = ops.where(mask[:, None, :, :], logits, _NEG_INF)
-        scores = ops.cast(ops.softmax(logits, axis=-1), query.dtype)  # (B, N, T, S)
+        if logits.shape[-1] == 1:  # one key (a first decoding step): softmax is 1, Keras warns
+            scores = ops.cast(ops.ones_like(logits), query.dtype)  # (B, N, T, 1)
+        else:
+            scores = ops.cast(ops.softmax(logits, axis=-1), query.dtype)  # (B, N, T, S)
         weights = self.dropout_layer(scores, training=training)
         context = ops.einsum("bnts,bsnh->btnh", weights, value)  # (B, T, N, H)
         return self.output_dense(context), scores  # (B, T, D), (B, N, T, S)
