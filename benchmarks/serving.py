@@ -14,7 +14,8 @@ same number of compute threads (`--threads`, default 1).
     ctranslate2       the CTranslate2 export, compute_type float32 (C++ search)
     ctranslate2_int8  the same, compute_type int8 (weights quantized at load)
 
-Reported per point: sentences per second (wall clock), CPU seconds of the
+Reported per point: sentences per second (wall clock; the median, and the
+slowest and fastest round in brackets), CPU seconds of the
 worker per batch (user + system, `time.process_time`: stable on a shared
 machine), both medians over rounds; the share of each runtime's outputs
 equal to translate.onnx's; and the chrF of each runtime on the sentences'
@@ -300,8 +301,10 @@ def report(args, name, model_config, runtimes, batch_sizes, rounds, pairs, sente
                 onnx = rounds["onnx"][0][key]["outputs"]
                 same = sum(a == b for a, b in zip(first["outputs"], onnx, strict=True))
                 outputs = first["outputs"]
+                per_round = [batch_size / r[key]["wall_s_per_batch"] for r in rounds[runtime]]
                 row[runtime] = {
                     "sentences_per_s": batch_size / wall,
+                    "sentences_per_s_min_max": [min(per_round), max(per_round)],
                     "cpu_s_per_batch": cpu,
                     "same_as_onnx": same / len(onnx),
                     "chrf": sacrebleu.corpus_chrf(outputs, [references]).score,
@@ -313,7 +316,12 @@ def report(args, name, model_config, runtimes, batch_sizes, rounds, pairs, sente
                     row[runtime]["sentences_bleu"] = sacrebleu.corpus_bleu(*picked).score
             summary[key] = row
             cells = [search, str(batch_size)]
-            cells += [f"{row[r]['sentences_per_s']:.1f}" for r in runtimes]
+            cells += [
+                "{:.1f} ({:.1f}-{:.1f})".format(
+                    row[r]["sentences_per_s"], *row[r]["sentences_per_s_min_max"]
+                )
+                for r in runtimes
+            ]
             cells += [f"{row[r]['cpu_s_per_batch']:.3f}" for r in runtimes]
             cells += [f"{100 * row[r]['same_as_onnx']:.0f}%" for r in runtimes if r != "onnx"]
             print("| " + " | ".join(cells) + " |")

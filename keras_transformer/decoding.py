@@ -519,6 +519,7 @@ def translate_ids(
     num_hypotheses=None,
     stopping=PAPER.stopping,
     patience=PAPER.patience,
+    drop_finished=None,
 ):
     """Source ids to output ids with the model's key/value cache. Pure tensor code.
 
@@ -535,6 +536,9 @@ def translate_ids(
             hypotheses of the beam with their scores.
         stopping, patience: when a sentence's beam search stops
             (`search.SearchConfig`).
+        drop_finished: bool; None: `drops_finished()`. Finished rows leave
+            the loop and the self-attention cache grows step by step
+            (`model.GrowingCache`); False keeps fixed shapes (JAX, XLA).
 
     Returns:
         `(B, T)` int32 ids: the best hypothesis without BOS, EOS included,
@@ -554,13 +558,15 @@ def translate_ids(
     buffer_length, max_lengths = output_limits(
         source_ids, max_extra_length, config.max_length, config.pad_id
     )
-    if drops_finished():  # a loop that may change shapes: the cache grows as it is filled
+    drop_finished = drops_finished() if drop_finished is None else drop_finished
+    if drop_finished:  # a loop that may change shapes: the cache grows as it is filled
         from keras_transformer.model import GrowingCache
 
         model = GrowingCache(model)
     cache = model.init_cache(source_ids, buffer_length)
     start_ids = ops.zeros_like(source_ids[:, 0]) + config.bos_id  # (B,)
-    search = dict(max_lengths=max_lengths, eos_id=config.eos_id, pad_id=config.pad_id)
+    search = dict(max_lengths=max_lengths, eos_id=config.eos_id, pad_id=config.pad_id,
+                  drop_finished=drop_finished)  # fmt: skip
     step = suppress_tokens(model.decode_step, (config.pad_id, config.bos_id))
     if beam_size == 1 and num_hypotheses is None:
         return greedy_search(step, cache, start_ids, buffer_length, **search)
@@ -597,7 +603,7 @@ def compile_translate_ids(
     def run(source_ids):
         return translate_ids(
             model, source_ids, beam_size, alpha, max_extra_length, num_hypotheses, stopping,
-            patience,
+            patience, drop_finished=False if jit_compile else None,  # XLA: static shapes
         )  # fmt: skip
 
     backend = keras.backend.backend()
