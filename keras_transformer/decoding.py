@@ -114,10 +114,9 @@ def drops_finished():
     return keras.backend.backend() != "jax"
 
 
-def _rows(reference):
-    """`(N, ...)` tensor -> `(N,)` int32 `[0, 1, ..., N-1]`, also for a dynamic N."""
-    ones = ops.ones_like(ops.reshape(reference, (ops.shape(reference)[0], -1))[:, 0], "int32")
-    return ops.cumsum(ones) - 1
+def _rows(vector):
+    """`(N,)` tensor -> `(N,)` int32 `[0, 1, ..., N-1]`, also for a dynamic (or zero) N."""
+    return ops.cumsum(ops.ones_like(vector, dtype="int32")) - 1
 
 
 def _while_loop(cond, body, loop_vars, drop_finished):
@@ -614,6 +613,7 @@ def compile_translate_ids(
             run,
             input_signature=[tf.TensorSpec((None, None), tf.int32, name="source_ids")],
             jit_compile=jit_compile,
+            autograph=False,  # the search's loops are explicit `ops` loops
         )
     if backend == "jax":
         import jax

@@ -43,6 +43,7 @@ B, S and T are dynamic; L (layers), N (heads), H (head size) are fixed.
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 
@@ -53,6 +54,8 @@ from keras_transformer.decoding import translate_ids
 from keras_transformer.export.onnx_passes import simplify
 from keras_transformer.export.onnx_text import text_to_text
 from keras_transformer.search import PAPER, SearchConfig
+
+logger = logging.getLogger(__name__)
 
 # tf2onnx supports opsets up to 18; 17 is the newest every onnxruntime >= 1.13 runs.
 DEFAULT_OPSET = 17
@@ -221,8 +224,15 @@ def _select_as_where(ctx, node, name, args):
     node.type = "Where"
 
 
-def _convert(function, opset):
-    """A `tf.function` with an input signature -> simplified, checked `onnx.ModelProto`."""
+def _convert(function, opset, check_feeds=()):
+    """A `tf.function` with an input signature -> simplified, checked `onnx.ModelProto`.
+
+    With `check_feeds` (a list of feed dicts), the simplified graph must give
+    the raw tf2onnx graph's outputs on each, exactly; where it does not, the
+    raw graph is kept with a warning (slower, never wrong).
+    """
+    import copy
+
     import onnx
     import tf2onnx  # optional heavy dependency: imported only here
 
@@ -235,9 +245,54 @@ def _convert(function, opset):
             "SelectV2": (_select_as_where, []),
         },
     )
+    raw = copy.deepcopy(model_proto) if check_feeds else None
     simplify(model_proto)
     onnx.checker.check_model(model_proto, full_check=True)
+    if check_feeds and not _same_outputs(raw, model_proto, check_feeds):
+        logger.warning(
+            "The simplified ONNX search graph translated differently from tf2onnx's graph; "
+            "exporting the unsimplified graph (slower). Please report this."
+        )
+        onnx.checker.check_model(raw, full_check=True)
+        return raw
     return model_proto
+
+
+def _same_outputs(first, second, feeds):
+    """Whether two graphs give equal outputs on every feed dict (ONNX Runtime, CPU)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    sessions = [
+        ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        for m in (first, second)
+    ]
+    for feed in feeds:
+        a, b = (session.run(None, feed) for session in sessions)
+        if any(not np.array_equal(x, y) for x, y in zip(a, b, strict=True)):
+            return False
+    return True
+
+
+def _check_feeds(config, beam_sizes, defaults, count=2):
+    """Inputs of the search graph to compare its raw and simplified forms on: random
+    ids of a few lengths (each row ending with EOS), every exported beam size."""
+    rng = np.random.default_rng(0)
+    feeds = []
+    for beam_size in beam_sizes:
+        for batch, length in ((1, 5), (count, 9))[:count]:
+            ids = rng.integers(4, config.vocab_size, size=(batch, length)).astype(np.int32)
+            ids[:, -1] = config.eos_id
+            ids[1:, length // 2 :] = config.pad_id  # rows of different lengths
+            ids[1:, length // 2] = config.eos_id
+            feeds.append({
+                "source_ids": ids,
+                "beam_size": np.array(beam_size, np.int32),
+                "alpha": defaults["alpha"],
+                "max_extra_length": np.array(4, np.int32),
+            })  # fmt: skip
+    return feeds
 
 
 def export_translate(model, vocab_path, path, search):
@@ -259,15 +314,18 @@ def export_translate(model, vocab_path, path, search):
     beam_sizes = tuple(sorted({1, int(search["beam_size"])}))
     rule = dict(stopping=search.get("stopping", PAPER.stopping),
                 patience=search.get("patience", PAPER.patience))  # fmt: skip
-    search_graph = _convert(search_function(model, beam_sizes, **rule), TRANSLATE_OPSET)
-    with open(vocab_path, "rb") as f:
-        vocab_model = f.read()
     defaults = {
         "beam_size": np.array(search["beam_size"], np.int32),
         "alpha": np.array(search["alpha"], np.float32),
         "max_extra_length": np.array(search["max_extra_length"], np.int32),
     }
     config = model.config
+    search_graph = _convert(
+        search_function(model, beam_sizes, **rule), TRANSLATE_OPSET,
+        check_feeds=_check_feeds(config, beam_sizes, defaults),
+    )  # fmt: skip
+    with open(vocab_path, "rb") as f:
+        vocab_model = f.read()
     translate = text_to_text(
         search_graph, vocab_model, config.max_length, config.eos_id, config.pad_id, defaults
     )
