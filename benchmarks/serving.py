@@ -168,7 +168,10 @@ def _ctranslate2_translate(export_dir, threads, compute_type):
     translator = CTranslate2Translator(
         export_dir, batch_size=1 << 20, compute_type=compute_type, intra_threads=threads
     )
-    return lambda batch, search: translator.translate(batch, beam_size=SEARCHES[search])
+    # One call per batch, as CTranslate2 is usually run (not one per output limit).
+    return lambda batch, search: translator.translate(
+        batch, beam_size=SEARCHES[search], exact_limits=False
+    )
 
 
 def _precision(runtime):

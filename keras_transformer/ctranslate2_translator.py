@@ -118,8 +118,13 @@ class CTranslate2Translator:
         return sources
 
     def translate_pieces(self, sources, beam_size, alpha, max_extra_length, stopping="k_finished",
-                         patience=1.0):  # fmt: skip
+                         patience=1.0, exact_limits=True):  # fmt: skip
         """Source pieces (EOS included) -> output piece lists (before EOS).
+
+        `exact_limits=False` runs a beam batch in one call with the longest
+        limit (outputs cut to their own): how CTranslate2 is usually run,
+        and what benchmarks/serving.py times; a beam output may then depend
+        on the other sentences of its batch.
 
         CTranslate2 stops a sentence's beam once `beam_size * patience`
         hypotheses have finished: the package's `stopping="k_finished"`
@@ -141,8 +146,9 @@ class CTranslate2Translator:
         # so one call and each output cut to its own limit give the package's output.
         # Beam: a limit changes the search, so each limit gets its own call and an
         # output never depends on the other sentences of its batch.
-        groups = {max(limits): range(len(sources))} if beam_size == 1 else {}
-        if beam_size > 1:
+        one_call = beam_size == 1 or not exact_limits
+        groups = {max(limits): range(len(sources))} if one_call else {}
+        if not one_call:
             for i, limit in enumerate(limits):
                 groups.setdefault(limit, []).append(i)
         outputs = [None] * len(sources)
@@ -155,7 +161,7 @@ class CTranslate2Translator:
         return outputs
 
     def translate(self, sentences, progress=False, beam_size=None, alpha=None,
-                  max_extra_length=None):  # fmt: skip
+                  max_extra_length=None, exact_limits=True):  # fmt: skip
         """A list of strings (or UTF-8 bytes) -> a list of translations, in order."""
         texts = frontend.check_sentences(sentences, "CTranslate2Translator", accept_bytes=True)
         search = self.search.replace(
@@ -165,7 +171,9 @@ class CTranslate2Translator:
         outputs = [""] * len(texts)
 
         def run(batch):
-            pieces = self.translate_pieces(self.encode([texts[i] for i in batch]), **search)
+            pieces = self.translate_pieces(
+                self.encode([texts[i] for i in batch]), **search, exact_limits=exact_limits
+            )
             ids = [[self.processor.piece_to_id(p) for p in row] for row in pieces]
             for i, text in zip(batch, self.processor.decode(ids), strict=True):
                 outputs[i] = text

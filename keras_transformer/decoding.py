@@ -314,11 +314,8 @@ def beam_search(
     shared_cache = {key: cache[key] for key in shared}
     if shared:
         cache = {key: value for key, value in cache.items() if key not in shared}
-    cache = keras.tree.map_structure(lambda x: ops.repeat(x, k, axis=0), cache)  # (B*K, ...)
     empty = ops.zeros((batch_size * k, max_length), dtype="int32") + pad_id  # (B*K, T)
     zeros = ops.zeros_like(start_ids[:, None], dtype="float32")  # (B, 1)
-    # Only beam 0 is alive at the start, so the first step expands one hypothesis.
-    first_beam = ops.convert_to_tensor([0.0] + [NEG_INF] * (k - 1), dtype="float32")
     no_scores = zeros + NEG_INF + ops.zeros((1, k), dtype="float32")  # (B, K)
     output = dict(sequences=empty, scores=no_scores)  # (B*K, T), (B, K): filled as sentences stop
     # The A sentences still searching and their hypotheses (A*K rows), as named state.
@@ -327,38 +324,45 @@ def beam_search(
         limits=max_lengths,  # (A,)
         limit_penalty=length_penalty(max_lengths, alpha),  # (A,)
         searching=ops.ones_like(start_ids, dtype="bool"),  # (A,) False once stopped (kept rows)
-        alive_log_probs=zeros + first_beam[None, :],  # (A, K)
-        alive_seqs=empty,  # (A*K, T)
-        last_ids=ops.repeat(start_ids, k, axis=0),  # (A*K,)
+        # One hypothesis per sentence until the first step expands it to K.
+        alive_log_probs=zeros,  # (A, 1), then (A, K)
+        alive_seqs=empty[:batch_size],  # (A, T), then (A*K, T)
+        last_ids=start_ids,  # (A,), then (A*K,)
         finished=dict(
             sequences=empty,  # (A*K, T)
             scores=no_scores,  # (A, K)
             flags=ops.zeros_like(no_scores, dtype="bool"),  # (A, K)
             count=ops.zeros_like(start_ids),  # (A,) hypotheses finished so far
         ),
-        cache=cache,  # (A*K, ...)
+        cache=cache,  # (A, ...), then (A*K, ...)
         shared=shared_cache,  # (A, ...)
     )
 
     def cond(step, output, beams):
         return ops.logical_and(step < max_length, ops.any(beams["searching"]))
 
-    def body(step, output, beams):
+    def body(step, output, beams, width=k):
+        """One step of `width` hypotheses per sentence (1 at the first step, then K)."""
         logits, cache = tokens_to_logits(beams["last_ids"], {**beams["cache"], **beams["shared"]}
                                          if shared else beams["cache"])  # fmt: skip
         if shared:
             cache = {key: value for key, value in cache.items() if key not in shared}
-        vocab_size = logits.shape[-1]  # static; K*V >= 2K candidates for any V >= 2
-        log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)  # (A*K, V)
+        vocab_size = logits.shape[-1]  # static
+        log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)  # (A*W, V)
         log_probs = _forbid_early_end(log_probs, step, eos_id, min_length)
-        log_probs = ops.reshape(log_probs, (-1, k, vocab_size))  # (A, K, V)
-        candidates = beams["alive_log_probs"][:, :, None] + log_probs  # (A, K, V)
-        candidates = ops.reshape(candidates, (-1, k * vocab_size))  # (A, K*V)
+        log_probs = ops.reshape(log_probs, (-1, width, vocab_size))  # (A, W, V)
+        candidates = beams["alive_log_probs"][:, :, None] + log_probs  # (A, W, V)
+        candidates = ops.reshape(candidates, (-1, width * vocab_size))  # (A, W*V)
+        if width * vocab_size < 2 * k:  # a small vocabulary's first step: NEG_INF fillers
+            filler = ops.zeros_like(candidates[:, :1]) + NEG_INF  # (A, 1)
+            candidates = ops.concatenate([candidates] + [filler] * (2 * k - width * vocab_size),
+                                         axis=1)  # fmt: skip
 
         # The 2K best continuations: at most K of them end, so K stay alive.
         top_log_probs, top_indices = ops.top_k(candidates, 2 * k)  # (A, 2K)
         top_indices = ops.cast(top_indices, "int32")
-        top_beams = ops.floor_divide(top_indices, vocab_size) + _batch_offsets(top_indices, k)
+        top_beams = ops.minimum(ops.floor_divide(top_indices, vocab_size), width - 1)
+        top_beams = top_beams + _batch_offsets(top_indices, width)  # rows of the A*W hypotheses
         top_ids = ops.mod(top_indices, vocab_size)  # (A, 2K)
         top_seqs = _write(_take(beams["alive_seqs"], top_beams), step, ops.reshape(top_ids, (-1,)))
         at_limit = (step + 1 >= beams["limits"])[:, None]  # (A, 1)
@@ -447,8 +451,18 @@ def beam_search(
         )
         return step + 1, output, beams
 
+    def expanded():  # an empty batch: no step to run, the loop's shapes (K per sentence)
+        tiled = lambda x: ops.repeat(x, k, axis=0)  # noqa: E731
+        return step + 1, output, dict(
+            beams, alive_log_probs=no_scores, alive_seqs=empty, last_ids=tiled(start_ids),
+            cache=keras.tree.map_structure(tiled, beams["cache"]),
+        )  # fmt: skip
+
+    # The first step expands one hypothesis per sentence (computing K identical
+    # rows would waste K - 1); the loop then runs K per sentence still searching.
     step = ops.convert_to_tensor(0, dtype="int32")
-    _, output, _ = _while_loop(cond, body, (step, output, beams), drop)
+    state = ops.cond(batch_size > 0, lambda: body(step, output, beams, width=1), expanded)
+    _, output, _ = _while_loop(cond, body, state, drop)
     rows = _batch_offsets(output["scores"], k)[:, 0]  # (B,)
     sequences = ops.stack(
         [ops.take(output["sequences"], rows + i, axis=0) for i in range(k)], axis=1

@@ -29,9 +29,10 @@ TABLE_SIZE = 97
 def _toy(vocab_size, beam_size, seed=0):
     """A step function whose logits depend on the whole output and on a per-sentence
     `offset`, a `shared` cache entry: it has one row per sentence, which the step
-    repeats for the sentence's `beam_size` hypotheses. Were the search to tile or
-    reorder it, the repeat would no longer line up with the hypotheses and the
-    step would fail on the shapes.
+    repeats for the sentence's hypotheses (1 at the first step, `beam_size` after
+    it). Were the search to tile or reorder it, or to run K rows at the first
+    step, the repeat would no longer line up with the hypotheses and the step
+    would fail on the shapes. Build a new one for each search.
 
     Returns `(tokens_to_logits, logits_after)`, the second the float64 logits
     after an output prefix for a sentence's offset.
@@ -39,8 +40,13 @@ def _toy(vocab_size, beam_size, seed=0):
     table = np.random.default_rng(seed).normal(size=(TABLE_SIZE, vocab_size)).astype("float32")
     table *= 2
 
+    calls = []
+
     def tokens_to_logits(token_ids, cache):
-        offset = ops.repeat(cache["offset"], beam_size, axis=0)  # (A*K,)
+        # The first step runs one hypothesis per sentence, every later step K.
+        group = beam_size if calls else 1
+        calls.append(group)
+        offset = ops.repeat(cache["offset"], group, axis=0)  # (A*K,)
         history = cache["history"] * 31 + ops.cast(token_ids, "int32") + 1 + offset
         history = ops.mod(history, TABLE_SIZE)  # (A*K,)
         return ops.take(ops.convert_to_tensor(table), history, axis=0), dict(cache, history=history)
@@ -194,8 +200,8 @@ def test_finished_rows_leave_the_loop():
     )
     assert rows == [3, 3, 2, 2, 1]  # the work: 11 rows x steps, not 3 x 5 = 15
 
-    # Beam 2 on the toy model, limits 1, 3 and 6: each step computes K rows per sentence
-    # still searching, and a stopped sentence's rows are gone from the next step.
+    # Beam 2 on the toy model, limits 1, 3 and 6: after the first step each step computes
+    # K rows per sentence still searching, and a stopped sentence's rows are gone.
     k = 2
     toy, _ = _toy(7, k, seed=1)
     rows = []
@@ -204,9 +210,10 @@ def test_finished_rows_leave_the_loop():
         ops.full((3,), BOS, dtype="int32"), 6, eos_id=EOS, beam_size=k,
         max_lengths=ops.convert_to_tensor([1, 3, 6]), pad_id=PAD, shared=("offset",),
     )  # fmt: skip
-    assert rows[0] == 3 * k and rows[1] == 2 * k  # the limit-1 sentence stopped at step 1
-    assert all(r % k == 0 for r in rows) and rows == sorted(rows, reverse=True)
-    assert len(rows) <= 6 and rows[-1] < 3 * k
+    # The first step runs one row per sentence; the limit-1 sentence stops there.
+    assert rows[0] == 3 and rows[1] == 2 * k
+    assert all(r % k == 0 for r in rows[1:]) and rows[1:] == sorted(rows[1:], reverse=True)
+    assert len(rows) <= 6 and rows[-1] < 2 * k
 
 
 def test_dropping_finished_changes_no_translation(monkeypatch, tmp_path):
