@@ -141,6 +141,8 @@ def _match(rows, places, mask):
     """
     match = ops.logical_and(ops.equal(places[:, None], rows[None, :]), mask[None, :])  # (B, A)
     hit = ops.any(match, axis=1)
+    # A last, never-matching column keeps argmax defined when A = 0 (an empty batch).
+    match = ops.concatenate([match, ops.zeros_like(places[:, None], dtype="bool")], axis=1)
     source = ops.cast(ops.argmax(ops.cast(match, "int32"), axis=1), "int32")
     return hit, source
 
@@ -226,9 +228,11 @@ def _is_done(stopping, finished, alive_log_probs, limit_penalty, needed):
         return finished["count"] >= needed
     # "bound": log-probabilities only fall as a hypothesis grows, so no alive one can
     # score above `max alive log P / length_penalty(limit)` (for alpha >= 0).
-    best_reachable = ops.max(alive_log_probs, axis=1) / limit_penalty  # (A,)
-    worst = ops.min(ops.where(finished["flags"], finished["scores"], 2 * NEG_INF), axis=1)
-    return worst > best_reachable
+    # `initial`: values no score passes, so that an empty batch reduces too.
+    best = ops.max(alive_log_probs, axis=1, initial=-1.0e30)  # (A,)
+    worst = ops.min(ops.where(finished["flags"], finished["scores"], 2 * NEG_INF), axis=1,
+                    initial=0.0)  # fmt: skip
+    return worst > best / limit_penalty
 
 
 def beam_search(
@@ -451,17 +455,11 @@ def beam_search(
         )
         return step + 1, output, beams
 
-    def expanded():  # an empty batch: no step to run, the loop's shapes (K per sentence)
-        tiled = lambda x: ops.repeat(x, k, axis=0)  # noqa: E731
-        return step + 1, output, dict(
-            beams, alive_log_probs=no_scores, alive_seqs=empty, last_ids=tiled(start_ids),
-            cache=keras.tree.map_structure(tiled, beams["cache"]),
-        )  # fmt: skip
-
     # The first step expands one hypothesis per sentence (computing K identical
     # rows would waste K - 1); the loop then runs K per sentence still searching.
+    # It runs outside the loop, also for an empty batch (every op takes 0 rows).
     step = ops.convert_to_tensor(0, dtype="int32")
-    state = ops.cond(batch_size > 0, lambda: body(step, output, beams, width=1), expanded)
+    state = body(step, output, beams, width=1)
     _, output, _ = _while_loop(cond, body, state, drop)
     rows = _batch_offsets(output["scores"], k)[:, 0]  # (B,)
     sequences = ops.stack(

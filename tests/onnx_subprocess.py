@@ -10,7 +10,7 @@ process that has imported TensorFlow (see test_vocabulary.py).
 A job is `{"name", "call", "sentences", "kwargs"}`; `call` is `translate`
 (`OnnxTranslator.translate`), `run` (one graph run, no host-side batching
 or blank handling), `session` (the raw onnxruntime session, `sentences`
-given as a nested list of any rank) or `construct` (`OnnxTranslator(**kwargs)`).
+given as a nested list of any rank, `kwargs` its optional inputs) or `construct` (`OnnxTranslator(**kwargs)`).
 A job's optional `"translator"` dict holds `OnnxTranslator` arguments (e.g.
 `{"precision": "int8"}`); jobs without it share the default translator.
 A sentence `{"bytes": "<latin-1 text>"}` stands for raw bytes. Each result is
@@ -65,6 +65,8 @@ def main():
                 value = translator.run(sentences, **kwargs)
             elif job["call"] == "session":
                 feeds = {"sentences": np.array(sentences, dtype=object)}
+                for name, setting in kwargs.items():  # the graph's optional inputs
+                    feeds[name] = np.array(setting, np.float32 if name == "alpha" else np.int32)
                 value = translator.session.run(None, feeds)[0].tolist()
             elif job["call"] == "construct":
                 OnnxTranslator(**kwargs)

@@ -73,6 +73,17 @@ def test_beam_search_agrees_where_the_scoring_rules_do(export, translator):
     assert expected != keras_translations(export[0], BEAM, beam_size=1)  # beam search mattered
 
 
+def test_a_beam_output_does_not_depend_on_its_batch(translator):
+    """Each sentence is searched under its own output limit (source + max_extra_length):
+    one sentence alone translates as it does beside a much longer one, whose limit would
+    otherwise be the whole batch's; `exact_limits=False` (the benchmark's one call) may not."""
+    long = " ".join(["haus katze baum"] * 6)
+    alone = [translator.translate([s], beam_size=4, max_extra_length=1)[0] for s in BEAM]
+    beside = translator.translate(BEAM + [long], beam_size=4, max_extra_length=1)[:-1]
+    assert beside == alone
+    assert len(set(alone)) > 10
+
+
 def test_bad_input_follows_the_front_end_contract(translator):
     assert translator("   ") == ""
     assert translator([]) == []

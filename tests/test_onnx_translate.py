@@ -75,6 +75,8 @@ def onnx(export, tmp_path_factory):
         {"name": "one_string", "call": "translate", "sentences": "haus"},
         {"name": "not_a_string", "call": "translate", "sentences": ["haus", 5]},
         {"name": "beam_3", "call": "translate", "sentences": ["haus"], "kwargs": {"beam_size": 3}},
+        {"name": "graph_beam_3", "call": "session", "sentences": ["haus"],
+         "kwargs": {"beam_size": 3}},
         {"name": "no_export", "call": "construct", "kwargs": {"export_dir": empty_dir}},
         {"name": "fp16", "call": "construct",
          "kwargs": {"export_dir": export[1]["onnx"], "precision": "float16"}},
@@ -161,6 +163,9 @@ def test_wrong_input_is_a_clear_error(onnx):
     assert onnx["not_a_string"]["error"].startswith("TypeError: OnnxTranslator expects str")
     assert "int" in onnx["not_a_string"]["error"]
     assert onnx["beam_3"]["error"].startswith("ValueError: beam_size must be one of")
+    # The graph itself refuses a beam size it was not exported with (it ran beam 4 before),
+    # naming the sizes it has in the failing node's name: ONNX has no assert.
+    assert "beam_size_must_be_one_of_1_or_4" in onnx["graph_beam_3"]["error"]
     assert onnx["no_export"]["error"].startswith("FileNotFoundError:")
     assert "translate.onnx" in onnx["no_export"]["error"]
 

@@ -209,7 +209,12 @@ class DecoderLayer(TransformerBlock):
             h = self._sublayer_input(x, self.cross_attention_norm)  # (B*K, 1, D)
             # K hypotheses of a sentence share its keys and values (a beam search keeps
             # one row per sentence): they attend as K query positions of that sentence.
-            h = keras.ops.reshape(h, (keras.ops.shape(cross_key)[0], -1, self.d_model))  # (B, K, D)
+            sentences, rows = keras.ops.shape(cross_key)[0], keras.ops.shape(h)[0]
+            if isinstance(sentences, int):  # static (JAX, eager): plain Python
+                group = rows // max(sentences, 1)
+            else:  # no -1 in the shape: it is undefined for an empty batch
+                group = rows // keras.ops.maximum(sentences, 1)
+            h = keras.ops.reshape(h, (sentences, group, self.d_model))  # (B, K, D)
             h = self.cross_attention.call_with_key_value(
                 h, cross_key, cross_value, padding_mask=encoder_padding_mask
             )
