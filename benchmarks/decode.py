@@ -82,7 +82,9 @@ def main(argv=None):
         def run(source_ids):
             cache = model.init_cache(source_ids, steps)
             start = tf.fill(tf.shape(source_ids)[:1], config.bos_id)
-            return greedy_search(model.decode_step, cache, start, steps, eos_id=NEVER)
+            return greedy_search(
+                model.decode_step, cache, start, steps, eos_id=NEVER, drop_finished=not jit_compile
+            )  # XLA: static shapes
 
         return lambda: run(source_ids)
 
@@ -92,7 +94,13 @@ def main(argv=None):
             cache = model.init_cache(source_ids, steps)
             start = tf.fill(tf.shape(source_ids)[:1], config.bos_id)
             sequences, _ = beam_search(
-                model.decode_step, cache, start, steps, eos_id=NEVER, beam_size=args.beam_size
+                model.decode_step,
+                cache,
+                start,
+                steps,
+                eos_id=NEVER,
+                beam_size=args.beam_size,
+                drop_finished=not jit_compile,  # XLA: static shapes
             )
             return sequences[:, 0]
 

@@ -7,6 +7,7 @@ import time
 import keras
 
 from keras_transformer.evaluation import make_translate_fn, score
+from keras_transformer.search import PAPER
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,9 @@ class ValidationBleu(keras.callbacks.Callback):
         if logs is None or not self.sources or not self.every or (epoch + 1) % self.every:
             return
         if self._translate is None:
-            self._translate = make_translate_fn(self.model, self.tokenizer, beam_size=1)
+            self._translate = make_translate_fn(
+                self.model, self.tokenizer, PAPER.replace(beam_size=1)
+            )
         start = time.time()
         metrics = score(self._translate(self.sources), self.references)
         self.seconds += time.time() - start

@@ -227,12 +227,10 @@ def _is_done(stopping, finished, alive_log_probs, limit_penalty, needed):
     if stopping == "k_finished":
         return finished["count"] >= needed
     # "bound": log-probabilities only fall as a hypothesis grows, so no alive one can
-    # score above `max alive log P / length_penalty(limit)` (for alpha >= 0).
-    # `initial`: values no score passes, so that an empty batch reduces too.
-    best = ops.max(alive_log_probs, axis=1, initial=-1.0e30)  # (A,)
-    worst = ops.min(ops.where(finished["flags"], finished["scores"], 2 * NEG_INF), axis=1,
-                    initial=0.0)  # fmt: skip
-    return worst > best / limit_penalty
+    # score above `max alive log P / length_penalty(limit)` (for alpha >= 0). Both sets
+    # come sorted from `top_k`: the best alive one is first, the worst finished last.
+    full = ops.all(finished["flags"], axis=1)  # (A,) K hypotheses have finished
+    return ops.logical_and(full, finished["scores"][:, -1] > alive_log_probs[:, 0] / limit_penalty)
 
 
 def beam_search(
@@ -374,7 +372,8 @@ def beam_search(
         finishes = ends
         if stopping == "k_finished":  # fairseq: an end among the K best continuations
             among_best = ops.logical_or(_positions(top_ids) < k, at_limit)  # (A, 2K)
-            finishes = ops.logical_and(ends, among_best)
+            possible = top_log_probs > NEG_INF / 2  # not a forbidden EOS or a filler
+            finishes = ops.logical_and(ends, ops.logical_and(among_best, possible))
 
         # Alive: the K best that did not end.
         alive_log_probs, keep = ops.top_k(ops.where(ends, NEG_INF, top_log_probs), k)  # (A, K)

@@ -92,7 +92,8 @@ def reference_beam_search(logits_after, offset, k, alpha, limit, stopping, patie
         ends = [sequence[-1] == EOS or at_limit for sequence, _ in top]
         finishes = list(ends)
         if stopping == "k_finished":
-            finishes = [end and (i < k or at_limit) for i, end in enumerate(ends)]
+            finishes = [end and (i < k or at_limit) and top[i][1] > NEG_INF / 2
+                        for i, end in enumerate(ends)]  # fmt: skip
         count += sum(finishes)
         new = [
             (sequence, log_prob / penalty(step + 1) if f else NEG_INF, f)
@@ -124,12 +125,15 @@ def _drop_choices():
 @pytest.mark.multibackend
 @pytest.mark.parametrize("drop_finished", _drop_choices())
 @pytest.mark.parametrize(
-    "k, alpha, stopping, patience",
-    [(2, 0.0, "bound", 1.0), (3, 0.6, "bound", 1.0), (3, 1.0, "k_finished", 1.0),
-     (2, 0.6, "k_finished", 2.0), (4, 0.6, "k_finished", 0.5)],
+    "k, alpha, stopping, patience, vocab_size",
+    [(2, 0.0, "bound", 1.0, 7), (3, 0.6, "bound", 1.0, 7), (3, 1.0, "k_finished", 1.0, 7),
+     (2, 0.6, "k_finished", 2.0, 7), (4, 0.6, "k_finished", 0.5, 7),
+     # Fewer first-step candidates than 2K, EOS forbidden among them: no end may count.
+     (4, 0.6, "k_finished", 0.25, 4), (3, 0.0, "bound", 1.0, 4)],
 )  # fmt: skip
-def test_beam_search_equals_the_reference_of_its_rule(k, alpha, stopping, patience, drop_finished):
-    vocab_size = 7
+def test_beam_search_equals_the_reference_of_its_rule(
+    k, alpha, stopping, patience, vocab_size, drop_finished
+):
     tokens_to_logits, logits_after = _toy(vocab_size, k, seed=k)
     offsets = np.array([0, 5, 11, 17, 23, 42], "int32")
     limits = np.array([6, 2, 5, 6, 1, 4], "int32")
@@ -145,6 +149,7 @@ def test_beam_search_equals_the_reference_of_its_rule(k, alpha, stopping, patien
             logits_after, int(offset), k, alpha, int(limit), stopping, patience
         )
         np.testing.assert_allclose(scores[row], expected_scores, rtol=1e-5, atol=1e-4)
+        assert sequences[row, 0, 0] != EOS  # no empty best output
         for got, want in zip(sequences[row], expected, strict=True):
             assert tuple(int(t) for t in got[: len(want)]) == want, (row, got, want)
             assert np.all(got[len(want) :] == PAD)
