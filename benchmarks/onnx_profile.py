@@ -79,8 +79,8 @@ def main(argv=None):
     warm_batches = len(batches) + 1
     per_batch = sum(runs.values()) // warm_batches
     print(f"{args.graph}, beam {args.beam_size}, batch {args.batch_size}, "
-          f"{args.threads} thread(s): {len(batches)} timed batches in {wall:.2f} s (profiler on); node time "
-          f"{total / 1e6:.2f} s over {per_batch} node runs per batch")  # fmt: skip
+          f"{args.threads} thread(s): {len(batches)} timed batches in {wall:.2f} s "
+          f"(profiler on); node time {total / 1e6:.2f} s over {per_batch} node runs per batch")  # fmt: skip
     print("| operator | share of node time | runs per batch | mean us per run |")
     print("|---|---:|---:|---:|")
     for op, micros in by_type.most_common(args.top):
