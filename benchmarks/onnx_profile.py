@@ -78,9 +78,11 @@ def main(argv=None):
     total = sum(by_type.values())
     warm_batches = len(batches) + 1
     per_batch = sum(runs.values()) // warm_batches
-    print(f"{args.graph}, beam {args.beam_size}, batch {args.batch_size}, "
-          f"{args.threads} thread(s): {len(batches)} timed batches in {wall:.2f} s "
-          f"(profiler on); node time {total / 1e6:.2f} s over {per_batch} node runs per batch")  # fmt: skip
+    print(
+        f"{args.graph}, beam {args.beam_size}, batch {args.batch_size}, "
+        f"{args.threads} thread(s): {len(batches)} timed batches in {wall:.2f} s "
+        f"(profiler on); node time {total / 1e6:.2f} s, {per_batch} node runs per batch"
+    )
     print("| operator | share of node time | runs per batch | mean us per run |")
     print("|---|---:|---:|---:|")
     for op, micros in by_type.most_common(args.top):
