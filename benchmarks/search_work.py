@@ -27,7 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SEARCHES = {
     "greedy": dict(beam_size=1),
     "beam 4, bound": dict(beam_size=4, stopping="bound"),
-    "beam 4, k_finished": dict(beam_size=4, stopping="k_finished"),
+    "beam 4, k_finished": dict(beam_size=4, stopping="k_finished", patience=1.0),
+    "beam 4, k_finished, patience 2": dict(beam_size=4, stopping="k_finished", patience=2.0),
 }
 
 
