@@ -21,6 +21,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+# Nodes whose time is that of the nodes of their subgraphs (the search's loops and branches).
+CONTAINERS = ("If", "Loop", "Scan")
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--export-dir", required=True, help="an ONNX export (onnx/<version>)")
@@ -73,6 +77,8 @@ def main(argv=None):
     for event in events:
         if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
             op = event.get("args", {}).get("op_name", "?")
+            if op in CONTAINERS:  # their time is their body's nodes, counted below
+                continue
             by_type[op] += event["dur"]
             runs[op] += 1
     total = sum(by_type.values())
