@@ -150,7 +150,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--alpha",
         type=float,
-        help="length penalty of the test decode and the exports (default: 1.0 for cpu, else 0.6)",
+        help="length penalty of the test decode and the exports (default: 1.5 for cpu, else 0.6)",
     )
     parser.add_argument(
         "--stopping",
@@ -160,7 +160,9 @@ def parse_args(argv=None):
         "(exact, slower); of the test decode and the exports (default: k_finished for cpu, "
         "else bound)",
     )
-    parser.add_argument("--patience", type=float, help="of --stopping k_finished (default: 1.0)")
+    parser.add_argument(
+        "--patience", type=float, help="of --stopping k_finished (default: 2.0 for cpu, else 1.0)"
+    )
     parser.add_argument("--no-export", dest="export", action="store_false")
     parser.add_argument(
         "--prepare-only",

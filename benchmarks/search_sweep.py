@@ -122,7 +122,11 @@ def main(argv=None):
 
 
 def _key(search):
-    return ",".join(str(v) for v in search.to_dict().values())
+    """`"beam,alpha"`, and `",k_finished,patience"` where that rule is used."""
+    key = f"{search.beam_size},{search.alpha:g}"
+    if search.beam_size > 1 and search.stopping == "k_finished":
+        key += f",k_finished,{search.patience:g}"
+    return key
 
 
 if __name__ == "__main__":

@@ -76,11 +76,15 @@ def test_search_sweep_scores_the_runs_search_as_the_run_did(finished):
     code, output = _run(
         os.path.join(ROOT, "benchmarks", "search_sweep.py"), "--work-dir", str(work_dir),
         "--beams", "1,2", "--alphas", "0.6,1.0", "--samples", "10",
+        "--stoppings", "bound,k_finished", "--patiences", "1,2",
     )  # fmt: skip
     assert code == 0, output
     with open(work_dir / "search_sweep.json", encoding="utf-8") as f:
         sweep = json.load(f)
-    assert set(sweep["validation"]) == {"1,0.6", "1,1", "2,0.6", "2,1"}
+    assert set(sweep["validation"]) == {
+        "1,0.6", "1,1", "2,0.6", "2,1", "2,0.6,k_finished,1", "2,0.6,k_finished,2",
+        "2,1,k_finished,1", "2,1,k_finished,2",
+    }  # fmt: skip
     best = max(sweep["validation"], key=lambda key: sweep["validation"][key]["test"]["chrf"])
     assert set(sweep["test"]) == {"2,0.6", best}
     assert sweep["test"]["2,0.6"]["test"] == info["metrics"]["test"]
