@@ -136,3 +136,43 @@ def test_decoder_steps_match_keras(export, sessions):
         np.testing.assert_allclose(self_key, np.asarray(cache["self_key"]), atol=TOLERANCE)
         np.testing.assert_allclose(self_value, np.asarray(cache["self_value"]), atol=TOLERANCE)
         tokens = np.asarray(logits).argmax(axis=-1).astype(np.int32)
+
+
+def test_a_simplified_search_graph_that_translates_differently_is_not_exported(
+    export, monkeypatch, caplog
+):
+    """The export runs the simplified search graph against tf2onnx's raw one on a few
+    inputs; a pass that changed the outputs (here: one that adds 1 to every id) leaves
+    the raw graph in the export, with a warning."""
+    from onnx import helper, numpy_helper
+
+    from keras_transformer.export import onnx_graphs
+
+    model, _, _ = loaded_work_dir(export[0])
+    simplify = onnx_graphs.simplify
+
+    def breaking(proto):
+        simplify(proto)
+        name = proto.graph.output[0].name
+        for node in proto.graph.node:
+            node.output[:] = [f"{name}_raw" if out == name else out for out in node.output]
+        proto.graph.initializer.append(numpy_helper.from_array(np.array(1, np.int32), "one"))
+        proto.graph.node.append(helper.make_node("Add", [f"{name}_raw", "one"], [name]))
+
+    monkeypatch.setattr(onnx_graphs, "simplify", breaking)
+    defaults = {"alpha": np.array(0.6, np.float32)}
+    feeds = onnx_graphs._check_feeds(model.config, (1,), defaults)
+    with caplog.at_level("WARNING"):
+        proto = onnx_graphs._convert(
+            onnx_graphs.search_function(model, (1,)), onnx_graphs.TRANSLATE_OPSET, feeds
+        )
+    assert "unsimplified graph" in caplog.text
+    assert "one" not in {i.name for i in proto.graph.initializer}
+    # The package's own passes agree with the raw graph: no warning, the simplified graph.
+    monkeypatch.setattr(onnx_graphs, "simplify", simplify)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        onnx_graphs._convert(
+            onnx_graphs.search_function(model, (1,)), onnx_graphs.TRANSLATE_OPSET, feeds
+        )
+    assert "unsimplified graph" not in caplog.text
