@@ -68,12 +68,7 @@ class SearchConfig:
             raise ValueError(
                 f"beam_size must be a positive integer. Received: beam_size={self.beam_size!r}"
             )
-        if (
-            not isinstance(self.alpha, numbers.Real)
-            or isinstance(self.alpha, bool)
-            or not math.isfinite(self.alpha)
-            or self.alpha < 0
-        ):
+        if not _is_finite(self.alpha) or self.alpha < 0:
             raise ValueError(f"alpha must be a number >= 0. Received: alpha={self.alpha!r}")
         if not _is_int(self.max_extra_length) or self.max_extra_length < 0:
             raise ValueError(
@@ -84,12 +79,7 @@ class SearchConfig:
             raise ValueError(
                 f"stopping must be one of {STOPPING_RULES}. Received: stopping={self.stopping!r}"
             )
-        if (
-            not isinstance(self.patience, numbers.Real)
-            or isinstance(self.patience, bool)
-            or not math.isfinite(self.patience)
-            or self.patience <= 0
-        ):
+        if not _is_finite(self.patience) or self.patience <= 0:
             raise ValueError(f"patience must be a number > 0. Received: patience={self.patience!r}")
 
     @property
@@ -115,6 +105,11 @@ class SearchConfig:
         if unknown:
             raise ValueError(f"Unknown search settings {unknown}. Known: {PAPER.to_dict()}")
         return PAPER.replace(**(settings or {}))
+
+
+def _is_finite(value):
+    """A finite real number, not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _is_int(value):

@@ -54,6 +54,9 @@ def test_check_sentences_names_the_bad_item():
         (dict(alpha=-0.1), "alpha must be a number >= 0"),
         (dict(alpha=float("nan")), "alpha must be a number >= 0"),
         (dict(max_extra_length=-1), "max_extra_length must be an integer >= 0"),
+        (dict(stopping="early"), "stopping must be one of \\('bound', 'k_finished'\\)"),
+        (dict(patience=0), "patience must be a number > 0"),
+        (dict(patience=float("inf")), "patience must be a number > 0"),
     ],
 )
 def test_search_config_refuses_bad_settings(settings, message):
@@ -68,3 +71,5 @@ def test_search_config_from_dict():
     assert SearchConfig.from_dict({"beam_size": np.int32(2)}).beam_size == 2  # numpy ints too
     with pytest.raises(ValueError, match="Unknown search settings \\['beam'\\]"):
         SearchConfig.from_dict({"beam": 4})
+    # ceil(K * patience) hypotheses stop a sentence under "k_finished"; at least one.
+    assert [PAPER.replace(patience=p).needed for p in (1.0, 2.0, 1.1, 0.01)] == [4, 8, 5, 1]
