@@ -6,14 +6,21 @@ Search does not know the model. It drives a step function
 
 as flax's WMT example and OpenNMT-tf do. The cache is any nested structure
 whose every tensor has the batch on axis 0; beam search tiles it with
-`ops.repeat` and reorders it with `ops.take`, never looking inside.
+`ops.repeat` after its first step and reorders it with `ops.take`, never
+looking inside, except for the entries named in `shared` (one row per
+sentence, such as the source's cross-attention keys and values), which it
+never tiles or reorders.
 
-Everything is `keras.ops` inside one `ops.while_loop` with fixed-shape
-state, so the same code runs under TensorFlow (in a `tf.function` with
-dynamic batch and source length), JAX (under `jax.jit`) and torch. Output
-tokens are written into a fixed-size buffer with `ops.where` on a one-hot
-position, never `ops.slice_update`: that exports as XlaDynamicUpdateSlice,
-which TF Serving on CPU cannot run.
+Everything is `keras.ops` inside one `ops.while_loop`, so the same code
+runs under TensorFlow (in a `tf.function` with dynamic batch and source
+length), JAX (under `jax.jit`) and torch. Where the loop may change shapes
+(`drops_finished()`: TensorFlow, and so the SavedModel and translate.onnx,
+and torch) finished rows and stopped sentences leave the loop state, as in
+CTranslate2 and fairseq; under JAX and XLA the state keeps its shapes and
+finished rows are computed and ignored, with the same outputs. Output
+tokens are written with `ops.where` on a one-hot position, never
+`ops.slice_update`: that exports as XlaDynamicUpdateSlice, which TF Serving
+on CPU cannot run.
 
 Shapes: B batch, K beam size, T longest output (the buffer), V vocabulary.
 Output sequences hold the generated tokens without the start token, the
