@@ -33,7 +33,7 @@ _EXPORTS = {
     "MaskedAccuracy": "keras_transformer.losses",
     "Transformer": "keras_transformer.model",
     "TransformerSchedule": "keras_transformer.schedules",
-    "TrainingConfig": "keras_transformer.training_config",
+    "TrainingConfig": "keras_transformer.training.options",
     "Translator": "keras_transformer.translator",
     "OnnxTranslator": "keras_transformer.onnx_translator",
     "CTranslate2Translator": "keras_transformer.ctranslate2_translator",

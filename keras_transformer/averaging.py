@@ -16,14 +16,18 @@ a second run does not overwrite it).
 
 import argparse
 import collections
+import logging
 import os
 import shutil
 import tempfile
+import time
 import warnings
 
 import numpy as np
 
 from keras_transformer import workdir
+
+logger = logging.getLogger(__name__)
 
 
 def checkpoint_paths(work_dir, last=None):
@@ -177,6 +181,47 @@ def average_checkpoints(model, paths):
         ]
     )
     return model
+
+
+def average_by_validation(model, work_dir, batches, pad_id, average_last):
+    """Averages the last k checkpoints into `model` for the k with the lowest validation loss.
+
+    k runs over 1, 2, 3, 5, 8, 13, 21 up to `average_last` and the checkpoints
+    there are (k = 1: the last weights, whose validation loss per real token
+    `benchmarks/quality.py` compares).
+
+    Args:
+        batches: whole validation passes (`val_ds.evaluation()`).
+
+    Returns:
+        dict: `chosen` k, `val_loss` of every k tried, `seconds`.
+    """
+    from keras_transformer.evaluation import validation_loss
+
+    start = time.time()
+    try:
+        paths = checkpoint_paths(work_dir)
+    except (FileNotFoundError, ValueError):
+        paths = []
+    results = {1: validation_loss(model, batches, pad_id)}
+    best_k, best_weights = 1, model.get_weights()
+    for k in (2, 3, 5, 8, 13, 21):
+        if k > min(average_last, len(paths)):
+            break
+        average_checkpoints(model, paths[-k:])
+        results[k] = validation_loss(model, batches, pad_id)
+        if results[k] < results[best_k]:
+            best_k, best_weights = k, model.get_weights()
+    model.set_weights(best_weights)
+    logger.info(
+        "Checkpoint averaging: validation loss by number of last checkpoints averaged %s; "
+        "keeping %d", {k: round(v, 4) for k, v in results.items()}, best_k,
+    )  # fmt: skip
+    return {
+        "chosen": best_k,
+        "val_loss": {str(k): v for k, v in results.items()},
+        "seconds": time.time() - start,
+    }
 
 
 def _write_atomically(path, write):

@@ -59,6 +59,11 @@ class Calibration:
     seconds: float  # what the calibration cost this run (0 when read from the cache)
     cached: bool
 
+    @property
+    def measured(self):
+        """Whether candidates were timed (here or in a cached run), not just one taken."""
+        return bool(self.measurements)
+
     def to_dict(self):
         return {
             "dtype_policy": self.choice.dtype_policy,
@@ -119,6 +124,128 @@ def candidates(backend, cpu, has_gpu=False, multi_device=False, pack=True,
     else:
         xla = [False]
     return [Candidate(d, x) for d in dtypes for x in xla]
+
+
+def run_candidates(config, machine):
+    """This run's candidates (`candidates`): `--dtype-policy` and `--jit-compile` fix
+    their axis; in a multi-worker run, one, since each worker timing its own steps
+    could disagree, and every worker must train alike."""
+    import keras
+
+    from keras_transformer.distribution import is_multi_worker
+    from keras_transformer.hardware import default_dtype_policy
+
+    options = candidates(
+        keras.backend.backend(), machine.cpu, machine.has_gpu,
+        multi_device=machine.strategy is not None, pack=config.pack,
+        dtype_policy=config.dtype_policy, jit_compile=config.jit_compile,
+    )  # fmt: skip
+    if len(options) > 1 and is_multi_worker(machine.strategy):
+        fallback = "float32" if machine.has_gpu else default_dtype_policy(machine.cpu)
+        options = [Candidate(config.dtype_policy or fallback, bool(config.jit_compile))]
+    return options
+
+
+def calibrated_model(build, candidate_list, batches, dataset, loss, key, seed, timed_steps=6):
+    """The compiled model, with the precision and XLA setting that trains fastest here.
+
+    With one candidate it is built as is. Otherwise each candidate is built
+    from the same initial weights (`seed`), checked on the first batch against
+    float32's loss, and timed over `timed_steps` steps after two untimed ones
+    (`choose`); the fastest is kept, its weights and optimizer put back to
+    where they started, and its traced step is the one `fit` then runs. The
+    choice is cached under `key` (`machine_key`; `cache_path()`).
+
+    Args:
+        build: callable `candidate -> compiled model` (its optimizer built).
+        candidate_list: `Candidate`s (`run_candidates`).
+        batches, dataset: the training `data.Batches` and what `fit` reads of them.
+        loss: the training loss, `(labels, logits) -> scalar`.
+
+    Returns:
+        `(model, calibration)`: `calibration.choice` the candidate trained; with one
+        candidate nothing is measured (`calibration.measured` is False).
+    """
+    import keras
+
+    if len(candidate_list) == 1:
+        (only,) = candidate_list
+        logger.info("Precision %s, XLA (jit_compile) %s", only.dtype_policy, only.jit_compile)
+        return build(only), Calibration(only, {}, (), 0.0, False)
+    result = read_cache(key)
+    models = {}
+    if result is None:
+
+        def measure(candidate):
+            keras.utils.set_random_seed(seed)  # the same initial weights for all
+            model = build(candidate)
+            models[candidate.name] = (model, _training_state(model))
+            return _measure_steps(model, batches, dataset, loss, timed_steps)
+
+        result = choose(list(candidate_list), measure)
+        write_cache(key, result)
+    logger.info("Calibration: %s", result.summary())
+    if result.choice.name in models:
+        model, start_state = models[result.choice.name]
+        _restore_training_state(model, start_state)
+    else:
+        keras.utils.set_random_seed(seed)
+        model = build(result.choice)
+    return model, result
+
+
+def _training_state(model):
+    """The weights and optimizer variables of a compiled model whose optimizer is
+    built (`build` builds it, in the strategy's scope), as numpy arrays."""
+    import keras
+
+    optimizer = [keras.ops.convert_to_numpy(v) for v in model.optimizer.variables]
+    return model.get_weights(), optimizer
+
+
+def _restore_training_state(model, state):
+    weights, optimizer = state
+    model.set_weights(weights)
+    for variable, value in zip(model.optimizer.variables, optimizer, strict=True):
+        variable.assign(value)
+
+
+def _measure_steps(model, batches, dataset, loss, timed_steps, warmup_steps=2):
+    """`Measurement`: the median seconds of `timed_steps` training steps after
+    `warmup_steps` (the trace and compile), and the loss of the first batch with
+    the initial weights (no dropout)."""
+    import numpy as np
+
+    features, labels = batches.batch(0)
+    logits = model(features, training=False)  # eager: no trace of a predict function
+    first_loss = float(loss(labels, logits))
+    clock = _step_clock()
+    model.fit(
+        dataset, epochs=1, steps_per_epoch=warmup_steps + timed_steps, verbose=0,
+        callbacks=[clock], shuffle=False,
+    )  # fmt: skip
+    return Measurement(float(np.median(clock.seconds[warmup_steps:])), first_loss)
+
+
+def _step_clock():
+    """A callback timing each training step; it reads the loss at every step's end,
+    so that a backend that dispatches asynchronously (JAX) has finished the step."""
+    import keras
+
+    class StepClock(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.seconds = []
+            self._start = None
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self._start = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            float(keras.ops.convert_to_numpy(logs["loss"]))
+            self.seconds.append(time.perf_counter() - self._start)
+
+    return StepClock()
 
 
 def choose(candidate_list, measure, tolerance=LOSS_TOLERANCE):

@@ -1,4 +1,5 @@
-"""Training callbacks: validation BLEU, learning-rate logging, NaN guard, time budget, phases."""
+"""The callbacks of `training.run`'s `fit`, and their order (`training_callbacks`):
+validation BLEU, learning-rate logging, NaN guard, time budget, phases, the run's clock."""
 
 import logging
 import math
@@ -6,7 +7,9 @@ import time
 
 import keras
 
+from keras_transformer import workdir
 from keras_transformer.evaluation import make_translate_fn, score
+from keras_transformer.hardware import importable
 from keras_transformer.search import PAPER
 
 logger = logging.getLogger(__name__)
@@ -103,90 +106,6 @@ class TimeBudget(keras.callbacks.Callback):
             self.stopped = True
             self.model.stop_training = True
             logger.info("Time budget of %.1f minutes reached; training stops.", self.seconds / 60)
-
-
-class Cooldown(keras.callbacks.Callback):
-    """Follows `schedule`, then decays the rate linearly to 0 over the last `fraction` of a budget.
-
-    The budget is `minutes` of training (`TimeBudget`'s clock, started at
-    `on_train_begin`) or `total_steps` steps of this `fit`, whichever ends
-    first (steps counted from `initial_step`, so that a resumed run goes on
-    where it stopped). Before the cooldown the rate is `schedule(step)`; in it,
-    `schedule(step) * remaining / fraction`, where `remaining` is the share of
-    the budget left. This is the warm-up / stable / decay shape: a rate that
-    ends at 0 when the budget does beats one still at a quarter of its peak
-    (Li et al., "Budgeted Training", 2020, https://arxiv.org/abs/1905.04753;
-    Hägele et al., 2024, https://arxiv.org/abs/2405.18392, where a cooldown
-    over the last 20% matched a cosine schedule fitted to the length).
-
-    The model must be compiled with a settable rate
-    (`compile_with_paper_recipe(..., settable_learning_rate=True)`). The rate
-    is set before every step; under JAX, which keeps the training state
-    outside the variables during an epoch and syncs it back whenever a
-    callback reads `self.model`, every `jax_every` steps.
-
-    Args:
-        schedule: callable, step -> rate (`TransformerSchedule`).
-        fraction: float in (0, 1]. Share of the budget that the cooldown takes.
-        minutes: float or None. The time budget.
-        total_steps: int or None. The step budget, counted from `initial_step`.
-        initial_step: int. The optimizer's step at which the step budget began
-            (0; `--init-from`'s last step).
-        jax_every: int. Steps between rate updates under JAX.
-    """
-
-    def __init__(
-        self, schedule, fraction, minutes=None, total_steps=None, initial_step=0, jax_every=10
-    ):
-        super().__init__()
-        if not 0.0 < fraction <= 1.0:
-            raise ValueError(f"fraction must be in (0, 1]. Received: fraction={fraction}")
-        if minutes is None and total_steps is None:
-            raise ValueError("Cooldown needs a budget: minutes, total_steps or both.")
-        self.schedule = schedule
-        self.fraction = fraction
-        self.seconds = None if minutes is None else minutes * 60.0
-        self.total_steps = total_steps
-        self.initial_step = initial_step
-        self.every = jax_every if keras.backend.backend() == "jax" else 1
-        self.start = self.first_step = None
-        self.steps = 0
-
-    def on_train_begin(self, logs=None):
-        optimizer = self.model.optimizer
-        if not hasattr(optimizer.learning_rate, "assign"):  # a schedule's value, not a variable
-            raise ValueError(
-                "Cooldown sets the learning rate, but this optimizer's rate is a schedule. "
-                "Compile with compile_with_paper_recipe(..., settable_learning_rate=True)."
-            )
-        # After BackupAndRestore (earlier in the list): a resumed run goes on from its step.
-        self.first_step = int(keras.ops.convert_to_numpy(optimizer.iterations))
-        self.start = time.time()
-        self.steps = 0
-
-    def remaining(self):
-        """Share of the budget left, in [0, 1]."""
-        used = 0.0
-        if self.seconds:
-            used = (time.time() - self.start) / self.seconds
-        if self.total_steps:
-            done = self.first_step + self.steps - self.initial_step
-            used = max(used, done / self.total_steps)
-        return min(max(1.0 - used, 0.0), 1.0)
-
-    def rate(self):
-        """The rate for the next step."""
-        factor = min(self.remaining() / self.fraction, 1.0)
-        return float(self.schedule(self.first_step + self.steps)) * factor
-
-    def on_train_batch_begin(self, batch, logs=None):
-        if self.steps % self.every == 0:
-            # Under JAX, `self.model` syncs the optimizer's state back into its
-            # variables (Keras's `Callback.model`), and the next step reads them.
-            self.model.optimizer.learning_rate.assign(self.rate())
-        # Counted here, not in `on_train_batch_end`: a callback with no batch-end hook
-        # lets Keras run the step loop ahead of the device (see `PhaseTimer`).
-        self.steps += 1
 
 
 class ValidationEpochs(list):
@@ -295,3 +214,75 @@ class _EpochEndMarker(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self.timer.epoch_end_seconds += time.time() - self.timer._clock["epoch_end"]
+
+
+class TrainingClock(keras.callbacks.Callback):
+    """Writes the run's training seconds, earlier processes' included, at every
+    epoch end (`workdir.write_progress`), beside the backup taken then."""
+
+    def __init__(self, work_dir, spent_seconds=0.0):
+        super().__init__()
+        self.work_dir = work_dir
+        self.spent_seconds = spent_seconds
+        self._start = None
+
+    def on_train_begin(self, logs=None):
+        self._start = time.time()
+
+    def on_epoch_end(self, epoch, logs=None):
+        workdir.write_progress(self.work_dir, self.spent_seconds + time.time() - self._start)
+
+
+def training_callbacks(work, validation_bleu, cooldown=None, minutes=None, spent_seconds=0.0):
+    """`(callbacks, phases)`: the callbacks of a training `fit`, in the order they need.
+
+    Args:
+        work: the `workdir.WorkDir` that the backup, checkpoints, clock and logs go to.
+        validation_bleu: a `ValidationBleu` (`every=0`: it never decodes).
+        cooldown: a `schedules.Cooldown`, or None.
+        minutes: the time budget of this `fit` (a `TimeBudget`), or None.
+        spent_seconds: training time of the run's earlier processes (`TrainingClock`).
+
+    The order: `PhaseTimer` first and its end marker last (it times what the
+    others do at epoch end); the backup before what reads the state it restores
+    (the clock, the cooldown's step); `ValidationBleu` before `TensorBoard`,
+    which then logs its values. The backup, checkpoints and TensorBoard save per
+    epoch and are marked `async_safe`, as every other batch-end hook here: under
+    JAX and torch Keras then dispatches the next step before the last one ends.
+    """
+    phases = PhaseTimer()
+    backup = keras.callbacks.BackupAndRestore(work.backup, delete_checkpoint=False)
+    checkpoint = keras.callbacks.ModelCheckpoint(work.checkpoint_pattern, save_weights_only=True)
+    callbacks = [
+        phases,
+        backup,  # kept after training: the same command with a larger budget continues from it
+        TrainingClock(work.path, spent_seconds),
+        TerminateOnNaN(),
+        *([cooldown] if cooldown is not None else []),
+        LearningRateLogger(),
+        validation_bleu,
+        checkpoint,
+        *_tensorboard(work),
+        *([TimeBudget(minutes)] if minutes is not None else []),
+        phases.end_marker,
+    ]
+    for callback in (backup, checkpoint):
+        callback.async_safe = True  # per epoch: their batch-end hooks do nothing
+    return callbacks, phases
+
+
+def _tensorboard(work):
+    """Keras's TensorBoard callback where it can write (`tf.summary`, on every backend)."""
+    if not importable("tensorflow"):
+        logger.info("No TensorBoard logs without TensorFlow; the curves are in run.json.")
+        return []
+    if not importable("tensorboard"):
+        logger.warning(
+            "TensorBoard is not installed (`pip install tensorboard`); no logs/ written."
+        )
+        return []
+    tensorboard = keras.callbacks.TensorBoard(work.logs)  # update_freq="epoch"
+    # Its batch-end hook writes nothing per epoch (no writer is pushed); this only
+    # matters under JAX and torch (TensorFlow's Keras backend is not thread-safe).
+    tensorboard.async_safe = True
+    return [tensorboard]

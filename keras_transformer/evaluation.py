@@ -1,4 +1,5 @@
-"""Translating and scoring with sacrebleu: the evaluation of a trained model."""
+"""The evaluation of a trained model: translating and scoring with sacrebleu, the
+test split's scores (the Ding dictionary's own included), and the validation loss."""
 
 from keras_transformer.search import PAPER
 from keras_transformer.translator import Translator
@@ -27,6 +28,26 @@ def score(hypotheses, references):
         "chrf": float(sacrebleu.corpus_chrf(hypotheses, [references]).score),
         "segments": len(hypotheses),
     }
+
+
+def validation_loss(model, batches, pad_id):
+    """Token-weighted label-smoothed loss over `batches`, whole validation passes
+    (`val_ds.evaluation()`); the model's compile state is left alone."""
+    import keras
+
+    from keras_transformer.recipe import paper_loss
+
+    loss_fn = paper_loss(pad_id)
+    total = tokens = 0.0
+    for features, labels in batches:
+        real = float(keras.ops.sum(keras.ops.cast(labels != pad_id, "float32")))
+        # The compiled forward pass: eager calls took 43 s per pass of Ding's
+        # validation split, 3 to 4 passes per run (docs/training.md, "Measured: the
+        # default run").
+        logits = model.predict_on_batch(features)
+        total += float(loss_fn(labels, logits)) * real
+        tokens += real
+    return total / tokens
 
 
 def normalize_for_match(text):
@@ -89,3 +110,55 @@ def score_multi(hypotheses, reference_lists):
         "segments": segments,
         "references_per_segment": sum(len(refs) for refs in reference_lists) / segments,
     }
+
+
+def score_test(pairs, hypotheses, corpus="", ding_path=None, samples_per_kind=4):
+    """The test split's scores, and a few samples to print.
+
+    Args:
+        pairs: the test `(source, reference)` pairs; `hypotheses` their translations.
+        corpus: the corpus's name; on `"ding"` the dictionary's own structure adds
+            the full sentences' scores and the phrases' against every accepted
+            translation (`ding.accepted_references`).
+
+    Returns:
+        `(metrics, samples)`: `metrics["test"]` (and on Ding `test_sentences`,
+        `test_all_references`, `test_phrases_all_references`); `samples` a list of
+        `{"source", "reference", "translation"}`: the first phrases, then sentences.
+    """
+    references = [t for _, t in pairs]
+    metrics = {"test": score(hypotheses, references)}
+    sentences = []
+    if corpus == "ding":
+        sentences = _score_ding(metrics, pairs, hypotheses, ding_path)
+    if sentences:
+        metrics["test_sentences"] = score(
+            [hypotheses[i] for i in sentences], [references[i] for i in sentences]
+        )
+    sentence_set = set(sentences)
+    phrases = [i for i in range(len(pairs)) if i not in sentence_set]
+    shown = phrases[: samples_per_kind if sentences else 2 * samples_per_kind]
+    samples = [
+        {"source": pairs[i][0], "reference": references[i], "translation": hypotheses[i]}
+        for i in shown + sentences[:samples_per_kind]
+    ]
+    return metrics, samples
+
+
+def _score_ding(metrics, pairs, hypotheses, ding_path):
+    """Adds the multi-reference scores of the Ding dictionary; returns its sentence indices."""
+    from keras_transformer.data import ding
+
+    sentences = [i for i, (s, t) in enumerate(pairs) if ding.is_sentence(s, t)]
+    # A Ding entry often accepts several translations (`;` synonyms, other senses).
+    accepted = ding.accepted_references(
+        pairs, ding.accepted_translations(ding_path or ding.DEFAULT_CORPUS_PATH)
+    )
+    sentence_set = set(sentences)
+    phrases = [i for i in range(len(pairs)) if i not in sentence_set]
+    metrics["test_all_references"] = score_multi(hypotheses, accepted)
+    if phrases:
+        metrics["test_phrases_all_references"] = score_multi(
+            [hypotheses[i] for i in phrases], [accepted[i] for i in phrases]
+        )
+    return sentences

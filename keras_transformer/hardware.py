@@ -60,7 +60,7 @@ def default_dtype_policy(cpu=None):
     """`"mixed_bfloat16"` where the CPU multiplies bf16 natively, else `"float32"`.
 
     Only where nothing can be timed (a multi-worker run, whose workers must
-    agree): `training.calibrated_model` chooses by measurement everywhere else,
+    agree): `calibration.calibrated_model` chooses by measurement everywhere else,
     since on a Xeon with AVX512-BF16 but no AMX this rule picks the slowest setting.
 
     Measured on the AMX-BF16 Xeon: about 1.5x more training steps per second

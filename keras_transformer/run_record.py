@@ -5,109 +5,123 @@ results table and sample translations from a record.
 """
 
 import dataclasses
-import time
 
 import keras
 
 from keras_transformer.workdir import SEARCH_KEYS
 
 
-def build(config, machine, data, model_config, inputs, fitted, averaging, test, wall_start):
-    """The contents of `run.json`.
+def build(config, machine, inputs, calibrated, fitted, evaluated, wall_seconds):
+    """The contents of `run.json`, from the results of the run's stages.
 
     Args:
         config: the resolved `TrainingConfig`.
-        machine: `training.Machine` (CPU, threads, dtype policy, distribution).
-        data: the `TranslationData` trained on.
-        model_config: the `TransformerConfig` trained.
-        inputs: `training.Inputs` (batch statistics, tokenization and input timing).
-        fitted: `training.Fitted` (history, phases, validation BLEU, timings).
-        averaging: dict of the checkpoint averaging, or None.
-        test: `training.TestResult` (metrics, samples, decode seconds).
-        wall_start: `time.time()` when the run began.
+        machine: `training.machine.Machine` (CPU, threads, distribution).
+        inputs: `training.inputs.Inputs` (corpus, model config, batch statistics, input timing).
+        calibrated: `calibration.Calibration` (precision and XLA trained with).
+        fitted: `training.fitting.Fitted` (history, phases, validation BLEU, timings).
+        evaluated: `training.finishing.Evaluated` (averaging, test metrics and samples).
+        wall_seconds: since the run began.
     """
-    phases, stats = fitted.phases, inputs.batch_stats
-    history = fitted.history
-    per_second = phases.steps / max(fitted.train_seconds, 1e-9)
+    data = inputs.data
     return {
         "preset": config.preset,
-        "config": dataclasses.asdict(model_config),
+        "config": dataclasses.asdict(inputs.model_config),
         "data": dict(
             data.info,
             source_language=data.source_language,
             target_language=data.target_language,
             direction=f"{data.source_language}-{data.target_language}",
         ),
-        "training": {
-            "epochs": config.epochs,
-            "epochs_run": len(history.get("loss", [])),
-            "steps_per_epoch": config.steps,
-            "batch_tokens": config.batch_tokens,
-            "warmup_steps": config.warmup_steps,
-            "learning_rate_scale": config.learning_rate_scale,
-            "cooldown": config.cooldown,
-            "sentence_repeats": config.sentence_repeats,
-            "dtype_policy": machine.dtype_policy,
-            "max_train_minutes": config.max_train_minutes,
-            "seed": config.seed,
-            "distribution": machine.strategy_description,
-            "jit_compile": machine.jit_compile,
-            "calibration": machine.calibration,
-            "packed_rows": config.pack,
-            "num_replicas": machine.num_replicas,
-            "backend": keras.backend.backend(),
-            "padding_share": stats["padding_share"],
-            "mean_batch_size": stats["batch_size"],
-            "batches_per_pass": stats["batches"],
-            "passes_over_data": phases.steps / max(stats["batches"], 1),
-            "threads": machine.threads,
-        },
+        "training": _training(config, machine, inputs.batch_stats, calibrated, fitted),
         "cpu": machine.cpu,
-        "timing": {
-            "startup_seconds": fitted.startup_seconds,
-            "tokenize_seconds": inputs.tokenize_seconds,
-            "fit_seconds": phases.fit_seconds,
-            "first_step_seconds": phases.first_step_seconds,
-            "train_steps_seconds": fitted.train_seconds,
-            "input_seconds": inputs.input_timer.seconds,
-            "validation_seconds": phases.validation_seconds,
-            "validation_bleu_seconds": fitted.validation_bleu.seconds,
-            "epoch_end_seconds": phases.epoch_end_seconds,
-            "checkpoint_seconds": phases.epoch_end_seconds - fitted.validation_bleu.seconds,
-            # The rest of fit: between steps (Keras's bookkeeping, iterator resets).
-            "other_fit_seconds": phases.fit_seconds
-            - fitted.train_seconds
-            - phases.validation_seconds
-            - phases.epoch_end_seconds,
-            "test_decode_seconds": test.seconds,
-        },
-        "curve": phases.curve,
-        "metrics": {
-            **test.metrics,
-            "val_loss": history["val_loss"][-1] if history.get("val_loss") else None,
-            "val_bleu_greedy": history["val_bleu"][-1] if history.get("val_bleu") else None,
-            "train_loss": history["loss"][-1] if history.get("loss") else None,
-            "train_seconds": fitted.train_seconds,
-            "train_steps": phases.steps,  # of this process
-            # The optimizer's updates behind the final weights: those of earlier
-            # processes of a resumed or continued run, and --init-from's.
-            "optimizer_steps": fitted.optimizer_steps,
-            # Real (non-pad) tokens per second of the training steps, from the
-            # mean batch of a pass over the data (target: with EOS).
-            "tokens_per_second": per_second * (stats["source_tokens"] + stats["target_tokens"]),
-            "target_tokens_per_second": per_second * stats["target_tokens"],
-            "source_tokens_per_second": per_second * stats["source_tokens"],
-            "sentences_per_second": per_second * stats["batch_size"],
-            "test_decode_seconds": test.seconds,
-            "wall_seconds": time.time() - wall_start,
-            # The test decode's search (`workdir.SEARCH_KEYS`): the exports' default.
-            **{key: getattr(config, key) for key in SEARCH_KEYS},
-        },
-        "history": history,
-        "averaging": averaging,
-        "samples": test.samples,
+        "timing": _timing(inputs, fitted, evaluated),
+        "curve": fitted.phases.curve,
+        "metrics": _metrics(config, inputs.batch_stats, fitted, evaluated, wall_seconds),
+        "history": fitted.history,
+        "averaging": evaluated.averaging,
+        "samples": evaluated.samples,
         "init_from": fitted.init_from,
         "run": fitted.progress,
+    }
+
+
+def _training(config, machine, stats, calibrated, fitted):
+    """How it trained: the options, the machine's distribution, precision, batches."""
+    precision, steps = calibrated.choice, fitted.phases.steps
+    return {
+        "epochs": config.epochs,
+        "epochs_run": len(fitted.history.get("loss", [])),
+        "steps_per_epoch": config.steps,
+        "batch_tokens": config.batch_tokens,
+        "warmup_steps": config.warmup_steps,
+        "learning_rate_scale": config.learning_rate_scale,
+        "cooldown": config.cooldown,
+        "sentence_repeats": config.sentence_repeats,
+        "dtype_policy": precision.dtype_policy,
+        "max_train_minutes": config.max_train_minutes,
+        "seed": config.seed,
+        "distribution": machine.strategy_description,
+        "jit_compile": precision.jit_compile,
+        "calibration": calibrated.to_dict() if calibrated.measured else None,
+        "packed_rows": config.pack,
+        "num_replicas": machine.num_replicas,
+        "backend": keras.backend.backend(),
+        "padding_share": stats["padding_share"],
+        "mean_batch_size": stats["batch_size"],
+        "batches_per_pass": stats["batches"],
+        "passes_over_data": steps / max(stats["batches"], 1),
+        "threads": machine.threads,
+    }
+
+
+def _timing(inputs, fitted, evaluated):
+    """Where the run's seconds went."""
+    phases = fitted.phases
+    return {
+        "startup_seconds": fitted.startup_seconds,
+        "tokenize_seconds": inputs.tokenize_seconds,
+        "fit_seconds": phases.fit_seconds,
+        "first_step_seconds": phases.first_step_seconds,
+        "train_steps_seconds": fitted.train_seconds,
+        "input_seconds": inputs.input_timer.seconds,
+        "validation_seconds": phases.validation_seconds,
+        "validation_bleu_seconds": fitted.validation_bleu.seconds,
+        "epoch_end_seconds": phases.epoch_end_seconds,
+        "checkpoint_seconds": phases.epoch_end_seconds - fitted.validation_bleu.seconds,
+        # The rest of fit: between steps (Keras's bookkeeping, iterator resets).
+        "other_fit_seconds": phases.fit_seconds
+        - fitted.train_seconds
+        - phases.validation_seconds
+        - phases.epoch_end_seconds,
+        "test_decode_seconds": evaluated.test_seconds,
+    }
+
+
+def _metrics(config, stats, fitted, evaluated, wall_seconds):
+    """The scores, the final losses and the training throughput."""
+    history, steps = fitted.history, fitted.phases.steps
+    per_second = steps / max(fitted.train_seconds, 1e-9)
+    return {
+        **evaluated.test_metrics,
+        "val_loss": history["val_loss"][-1] if history.get("val_loss") else None,
+        "val_bleu_greedy": history["val_bleu"][-1] if history.get("val_bleu") else None,
+        "train_loss": history["loss"][-1] if history.get("loss") else None,
+        "train_seconds": fitted.train_seconds,
+        "train_steps": steps,  # of this process
+        # The optimizer's updates behind the final weights: those of earlier
+        # processes of a resumed or continued run, and --init-from's.
+        "optimizer_steps": fitted.optimizer_steps,
+        # Real (non-pad) tokens per second of the training steps, from the
+        # mean batch of a pass over the data (target: with EOS).
+        "tokens_per_second": per_second * (stats["source_tokens"] + stats["target_tokens"]),
+        "target_tokens_per_second": per_second * stats["target_tokens"],
+        "source_tokens_per_second": per_second * stats["source_tokens"],
+        "sentences_per_second": per_second * stats["batch_size"],
+        "test_decode_seconds": evaluated.test_seconds,
+        "wall_seconds": wall_seconds,
+        # The test decode's search (`workdir.SEARCH_KEYS`): the exports' default.
+        **{key: getattr(config, key) for key in SEARCH_KEYS},
     }
 
 

@@ -9,7 +9,8 @@ and `--init-from` read it, all through this module:
     <work_dir>/checkpoints/    one checkpoint per epoch: epoch_NNN.weights.h5
     <work_dir>/backup/         BackupAndRestore state: a killed run resumes from here
     <work_dir>/logs/           TensorBoard (loss, learning rate, validation BLEU)
-    <work_dir>/tfds/           TFDS-prepared corpora (the parsed Ding dictionary)
+    <work_dir>/data/           the parsed corpus (pairs.json) and its tokenized splits (*.npz)
+    <work_dir>/tfds/           TFDS-prepared corpora
     <work_dir>/workers/<task>/ what worker <task> of a multi-worker run writes
 
 A finished work directory is a preset in keras-hub's sense:
@@ -37,7 +38,7 @@ LOGS = "logs"
 TFDS = "tfds"
 DATA = "data"
 CORPUS = "corpus.json"  # what the work directory was trained on (`claim`)
-PROGRESS = "progress.json"  # training seconds behind the backup (`training.Progress`)
+PROGRESS = "progress.json"  # training seconds behind the backup (`callbacks.TrainingClock`)
 WORKERS = "workers"
 
 # What a trained work directory must hold to be loaded or exported.

@@ -4,7 +4,8 @@ import keras
 import numpy as np
 import pytest
 
-from keras_transformer.callbacks import Cooldown, ValidationEpochs
+from keras_transformer.callbacks import ValidationEpochs
+from keras_transformer.schedules import Cooldown
 
 pytestmark = pytest.mark.multibackend
 
@@ -109,18 +110,13 @@ def test_fits_callbacks_let_keras_dispatch_steps_ahead(tmp_path):
     the callbacks) when any callback has a batch-end hook that is not `async_safe`;
     `fit`'s callbacks have none, so the host assembles and dispatches the next step
     while the device runs the last (benchmarks/README.md, "One GPU")."""
-    from types import SimpleNamespace
+    from keras_transformer import workdir
+    from keras_transformer.callbacks import ValidationBleu, training_callbacks
 
-    from keras_transformer import training, workdir
-    from keras_transformer.training_config import TrainingConfig
-
-    config = TrainingConfig(
-        preset="tiny", max_train_minutes=1.0, cooldown=0.2, validation_bleu_every=0,
-        work_dir=str(tmp_path),
-    ).resolved()  # fmt: skip
-    machine = SimpleNamespace(out=workdir.WorkDir(str(tmp_path)), calibration=None)
-    inputs = SimpleNamespace(tokenizer=None, data=None, model_config=SimpleNamespace(d_model=64))
-    callbacks, _, _ = training.make_callbacks(config, machine, inputs)
+    cooldown = Cooldown(_schedule, 0.2, minutes=1.0)
+    callbacks, _ = training_callbacks(
+        workdir.WorkDir(str(tmp_path)), ValidationBleu([], None, every=0), cooldown, minutes=1.0
+    )
     async_train = keras.callbacks.CallbackList(callbacks)._async_train
     assert async_train == keras.src.backend.IS_THREAD_SAFE  # TensorFlow: False either way
     # A callback with an ordinary batch-end hook turns it off: the check can fail.

@@ -86,12 +86,13 @@ def test_plain_float32_copy_of_a_mixed_precision_model():
     import keras
 
     from keras_transformer.model import Transformer
+    from keras_transformer.training.finishing import plain_float32
 
     mixed = Transformer.from_preset("tiny", dtype="mixed_bfloat16")
     ids = np.array([[5, 6, 7, 3]], dtype="int32")
     inputs = {"source_ids": ids, "target_ids": ids[:, :3]}
     mixed_logits = keras.ops.convert_to_numpy(mixed(inputs))
-    plain = training._plain_float32(mixed)
+    plain = plain_float32(mixed)
     assert plain is not mixed and plain.dtype_policy.name == "float32"
     assert plain.config == mixed.config
     assert plain.embedding.dtype_policy.name == "float32"
@@ -99,7 +100,7 @@ def test_plain_float32_copy_of_a_mixed_precision_model():
         np.testing.assert_array_equal(a, b)
     # Same weights, float32 compute: close to the bfloat16 logits (8-bit mantissa).
     np.testing.assert_allclose(keras.ops.convert_to_numpy(plain(inputs)), mixed_logits, atol=0.1)
-    assert training._plain_float32(plain) is plain
+    assert plain_float32(plain) is plain
 
 
 def _train_command(corpus, work_dir, epochs, steps):

@@ -2,7 +2,6 @@
 the paper's recipe as one call for a user's own `model.fit`."""
 
 import dataclasses
-import types
 
 import keras
 import numpy as np
@@ -12,11 +11,8 @@ from keras_transformer import Transformer, compile_with_paper_recipe
 from keras_transformer.config import get_preset
 from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
 from keras_transformer.schedules import TransformerSchedule
-from keras_transformer.training_config import (
-    COMMON_DEFAULTS,
-    TRAINING_DEFAULTS,
-    TrainingConfig,
-)
+from keras_transformer.training.options import TrainingConfig
+from keras_transformer.training.presets import COMMON_DEFAULTS, TRAINING_DEFAULTS
 
 
 @pytest.mark.parametrize("preset", sorted(TRAINING_DEFAULTS))
@@ -101,30 +97,23 @@ def _metrics(model):
     return found
 
 
-def _corpus(name, train_pairs):
-    """What `training._model_config` reads of a loaded corpus."""
-    return types.SimpleNamespace(info={"name": name, "counts": {"train": train_pairs}})
-
-
 @pytest.mark.parametrize(
-    "preset, corpus, given, expected",
+    "preset, corpus, train_pairs, given, expected",
     [
-        ("cpu", _corpus("folder", 18_408), None, 0.1),  # a small corpus: the measured pick
-        ("cpu", _corpus("folder", 18_408), 0.0, 0.0),  # --dropout 0 wins over it
-        ("cpu", _corpus("folder", 500_000), None, 0.0),  # large: the preset's own
-        ("cpu", _corpus("ding", 377_000), None, 0.0),  # the preset is measured on Ding
-        ("small", _corpus("folder", 18_408), None, 0.1),  # the preset's own
+        ("cpu", "folder", 18_408, None, 0.1),  # a small corpus: the measured pick
+        ("cpu", "folder", 18_408, 0.0, 0.0),  # --dropout 0 wins over it
+        ("cpu", "folder", 500_000, None, 0.0),  # large: the preset's own
+        ("cpu", "ding", 377_000, None, 0.0),  # the preset is measured on Ding
+        ("small", "folder", 18_408, None, 0.1),  # the preset's own
     ],
 )
 def test_the_corpus_size_picks_dropout_unless_the_command_line_does(
-    preset, corpus, given, expected, caplog
+    preset, corpus, train_pairs, given, expected
 ):
-    from keras_transformer.training import _model_config
+    from keras_transformer.training.presets import model_config
 
     config = TrainingConfig(preset=preset, dropout=given).resolved()
-    with caplog.at_level("INFO", logger="keras_transformer.training"):
-        model_config = _model_config(config, corpus, finished=None)
-    assert model_config.dropout == expected
-    # The log says what the corpus picked, never a value the command line replaced.
-    picked = [r.getMessage() for r in caplog.records if "training pairs" in r.getMessage()]
+    made, picked = model_config(config, train_pairs, corpus)
+    assert made.dropout == expected
+    # What the corpus picked (and the log says), never a value the command line replaced.
     assert bool(picked) == (given is None and expected != get_preset(preset).dropout)

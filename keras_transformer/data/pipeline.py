@@ -492,6 +492,12 @@ class Batches:
             yield self.batch(index)
             index += 1
 
+    def statistics(self):
+        """`plan_statistics` of the first training pass, from its plan (made once)."""
+        if not self.training:
+            raise ValueError("statistics() is for batches made with training=True.")
+        return statistics_of_plan(self.tokenized, self.training_pass(0), self.pack)
+
     def evaluation(self):
         """One evaluation pass as a list of batches."""
         if self.training:
@@ -510,14 +516,22 @@ def plan_statistics(
         length), and `padding_share` (pad positions / all positions, both sides).
     """
     rng = np.random.default_rng(seed)
+    if pack:
+        plan = plan_packed_batches(split, batch_tokens, num_replicas, rng, True)
+    else:
+        plan = plan_batches(split, batch_tokens, num_replicas, rng, True, boundaries)
+    return statistics_of_plan(split, plan, pack)
+
+
+def statistics_of_plan(split, plan, pack=False):
+    """`plan_statistics` of a plan already made (`Batches.training_pass`)."""
     source_lengths = np.diff(split.source_offsets)
     target_lengths = np.diff(split.target_offsets) + 1
     if pack:
-        plan = plan_packed_batches(split, batch_tokens, num_replicas, rng, True)
         pairs = [np.concatenate([np.asarray(row) for row in rows]) for _, rows in plan]
         positions = sum(2 * width * len(rows) for width, rows in plan)
     else:
-        pairs = plan_batches(split, batch_tokens, num_replicas, rng, True, boundaries)
+        pairs = plan
         positions = sum(
             len(i) * (int(source_lengths[i].max()) + int(target_lengths[i].max())) for i in pairs
         )

@@ -1,14 +1,18 @@
-"""Tokenized splits written once per work directory, as numpy arrays.
+"""The corpus and its tokenized splits, written once per work directory.
 
 In the spirit of `fairseq-preprocess` and nanoGPT's `train.bin`: the first
-run of a work directory tokenizes its training and validation pairs with
-the `sentencepiece` package and writes each split's flat token arrays to
-`<work_dir>/data/<split>.npz`; later runs (a resumed or continued run) read
-them back instead of tokenizing again. `manifest.json` beside them names
-what they were made from (a digest of the vocabulary file, of the pairs,
-and the settings), and a difference in any of them makes new ones.
+run of a work directory parses its corpus (`corpus`, to
+`<work_dir>/data/pairs.json`, with each split's digest) and tokenizes its
+training and validation pairs with the `sentencepiece` package
+(`tokenized_splits`, each split's flat token arrays to
+`<work_dir>/data/<split>.npz`); later runs (a resumed or continued run)
+read both back instead of parsing and tokenizing again. Each names what it
+was made from (the corpus's source files and the parser; the vocabulary
+file, the pairs and the settings), and a difference in any of them makes
+it anew.
 """
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -21,6 +25,7 @@ from keras_transformer.data.pipeline import TokenizedSplit, tokenize_split
 logger = logging.getLogger(__name__)
 
 FORMAT = 1
+CORPUS = "pairs.json"  # the parsed corpus (`write_corpus`)
 _ARRAYS = ("source", "source_offsets", "target", "target_offsets", "lengths")
 
 
@@ -36,8 +41,51 @@ def digest_pairs(pairs):
 
 
 def digest_file(path):
+    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_corpus(folder, source):
+    """The `TranslationData` that `write_corpus` left in `folder` for the same
+    `source` (a JSON-able identity of what was parsed: `sources.source_identity`),
+    or None."""
+    from keras_transformer.data.sources import TranslationData
+
+    try:
+        with open(os.path.join(folder, CORPUS), encoding="utf-8") as f:
+            cached = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if cached.get("format") != FORMAT or cached.get("source") != source:
+        return None
+    fields = cached["data"]
+    fields["splits"] = {name: [tuple(p) for p in pairs] for name, pairs in fields["splits"].items()}
+    return TranslationData(**fields)
+
+
+def add_digests(data):
+    """`data` with each split's `digest_pairs` in `data.info["sha256"]` (once)."""
+    if "sha256" not in data.info:
+        data.info["sha256"] = {name: digest_pairs(pairs) for name, pairs in data.splits.items()}
+    return data
+
+
+def write_corpus(folder, source, data):
+    """Writes a parsed corpus for `read_corpus`, its splits' digests included."""
+    add_digests(data)
+    os.makedirs(folder, exist_ok=True)
+    record = {"format": FORMAT, "source": source, "data": dataclasses.asdict(data)}
+    _write_json(os.path.join(folder, CORPUS), record)
+
+
+def _write_json(path, value):
+    temporary = f"{path}.tmp{os.getpid()}"
+    with open(temporary, "w", encoding="utf-8") as f:
+        json.dump(value, f, ensure_ascii=False)
+    os.replace(temporary, path)
 
 
 def save_split(split, path):
@@ -56,7 +104,7 @@ def load_split(path):
         )
 
 
-def tokenized_splits(folder, splits, tokenizer, max_length, eos_id):
+def tokenized_splits(folder, splits, tokenizer, max_length, eos_id, pairs_identity=None):
     """The `TokenizedSplit` of each of `splits`, read from `folder` when it was
     made from the same pairs, vocabulary and settings, else tokenized and written there.
 
@@ -64,6 +112,9 @@ def tokenized_splits(folder, splits, tokenizer, max_length, eos_id):
         folder: usually `<work_dir>/data`.
         splits: dict name -> list of `(source, target)` strings.
         tokenizer: a `SentencePieceTokenizer` (its `path` is digested).
+        pairs_identity: what names the pairs of `splits` (JSON-able; e.g. the
+            corpus's digests and how its sentences were repeated); None: the
+            `digest_pairs` of each split.
 
     Returns:
         `(tokenized, reused)`: dict name -> `TokenizedSplit`, and whether all were read back.
@@ -75,7 +126,7 @@ def tokenized_splits(folder, splits, tokenizer, max_length, eos_id):
         "vocabulary_sha256": digest_file(tokenizer.path),
         "max_length": max_length,
         "eos_id": eos_id,
-        "splits": {name: digest_pairs(pairs) for name, pairs in splits.items()},
+        "splits": pairs_identity or {name: digest_pairs(pairs) for name, pairs in splits.items()},
     }
     try:
         with open(manifest_path, encoding="utf-8") as f:
@@ -89,8 +140,5 @@ def tokenized_splits(folder, splits, tokenizer, max_length, eos_id):
     for name, pairs in splits.items():
         tokenized[name] = tokenize_split(pairs, tokenizer, max_length, eos_id=eos_id)
         save_split(tokenized[name], os.path.join(folder, f"{name}.npz"))
-    temporary = f"{manifest_path}.tmp{os.getpid()}"
-    with open(temporary, "w", encoding="utf-8") as f:
-        json.dump(expected, f, indent=1)
-    os.replace(temporary, manifest_path)
+    _write_json(manifest_path, expected)
     return tokenized, False

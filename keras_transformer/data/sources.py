@@ -9,6 +9,7 @@ import dataclasses
 import hashlib
 import logging
 import os
+import sys
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +125,28 @@ def load_translation_data(
     if not hasattr(builder.info.features, "languages"):
         raise ValueError(f"TFDS dataset {dataset!r} is not a translation dataset (no languages).")
     return _from_tfds_builder(builder, dataset, direction)
+
+
+def source_identity(dataset="ding", data_dir=None, direction=None, ding_path=None):
+    """What `load_translation_data` with these arguments reads, as a JSON-able dict:
+    the digest of each file of a folder or of the Ding dictionary (a TFDS corpus:
+    its name), the direction, and the digest of the parsers' code. Equal identities
+    parse to equal pairs (`shards.corpus` reuses a parse on that promise)."""
+    from keras_transformer.data import ding, shards, text_files
+
+    if data_dir is not None:
+        names = sorted(n for n in os.listdir(data_dir) if os.path.isfile(os.path.join(data_dir, n)))
+        files = {name: shards.digest_file(os.path.join(data_dir, name)) for name in names}
+    elif dataset == "ding":
+        path = ding_path or ding.DEFAULT_CORPUS_PATH
+        files = {"ding": shards.digest_file(path)} if os.path.exists(path) else None
+    else:
+        files = {"tfds": dataset}  # prepared once in the work directory's tfds/
+    parsers = hashlib.sha256()
+    for module in (ding, text_files, sys.modules[__name__]):
+        with open(module.__file__, "rb") as f:
+            parsers.update(f.read())
+    return {"files": files, "direction": direction, "parsers": parsers.hexdigest()}
 
 
 def tfds_order(pairs, split):

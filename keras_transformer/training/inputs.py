@@ -1,0 +1,174 @@
+"""A run's inputs: the corpus, the model config it implies, the shared vocabulary,
+and the batches `model.fit` reads, each made once per work directory.
+
+One input path on every backend: the corpus is parsed and its pairs
+tokenized with the `sentencepiece` package once per work directory
+(`data.shards`: a resumed or continued run reads both back), and
+`data.Batches` plans and assembles the batches on the host, which
+`model.fit` reads as a `tf.data` wrapper under TensorFlow and as a
+`keras.utils.PyDataset` under JAX and torch.
+"""
+
+import dataclasses
+import logging
+import os
+import shutil
+import time
+
+from keras_transformer import workdir
+from keras_transformer.data import (
+    Batches,
+    InputTimer,
+    get_tokenizer,
+    load_translation_data,
+    make_dataset,
+    repeat_sentences,
+    shards,
+)
+from keras_transformer.data.sources import source_identity
+from keras_transformer.training.presets import model_config as make_model_config
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """Corpus, model config, vocabulary and the batched splits of one run."""
+
+    data: object  # TranslationData
+    model_config: object  # TransformerConfig
+    tokenizer: object
+    train_batches: object  # data.Batches of the training split
+    train_ds: object
+    val_ds: object
+    batch_stats: dict  # `data.plan_statistics` of the first pass over the training pairs
+    input_timer: InputTimer
+    tokenize_seconds: float
+
+
+def prepare_inputs(config, machine, work, finished=None):
+    """Reads the corpus, claims `work` for it, and makes the vocabulary and the batches.
+
+    Args:
+        config: the resolved `TrainingConfig`.
+        machine: `machine.Machine` (the replicas a batch is split over; the chief claims).
+        work: the `WorkDir` this process writes.
+        finished: `lifecycle.FinishedRun` of `--init-from`, or None.
+    """
+    data, write_corpus = _corpus(config, work)
+    model_config, picked = make_model_config(
+        config, data.info["counts"]["train"], data.info["name"], finished
+    )
+    if picked:
+        logger.info(
+            "A corpus of %d training pairs: %s (docs/data.md, \"Your own data\"; "
+            "--dropout overrides)", data.info["counts"]["train"], picked,
+        )  # fmt: skip
+    if machine.is_chief:  # before anything is written there
+        workdir.claim(work.path, _corpus_identity(data, model_config))
+    write_corpus()
+    tokenizer = _vocabulary(work, data, model_config, finished)
+    start = time.time()
+    tokenized, reused = _tokenized(config, work, data, tokenizer, model_config)
+    tokenize_seconds = time.time() - start
+    common = dict(
+        max_length=model_config.max_length,
+        batch_tokens=config.batch_tokens,
+        num_replicas=machine.num_replicas,
+        bos_id=model_config.bos_id,
+        eos_id=model_config.eos_id,
+        pack=config.pack,
+    )
+    input_timer = InputTimer()
+    train = Batches(
+        tokenized["train"], training=True, seed=config.seed, timer=input_timer, **common
+    )
+    stats = train.statistics()  # the plan of the first pass, which training then reads
+    logger.info(
+        "%s %d train pairs (full sentences %d times; %d longer than %d dropped) in %.0fs. "
+        "Batches of ~%d tokens: %.0f sentences, %.0f source + %.0f target real tokens, padding "
+        "share %.1f%%, %d batches per pass over the data",
+        "Read the tokenized" if reused else "Tokenized", len(tokenized["train"]),
+        config.sentence_repeats, tokenized["train"].dropped, model_config.max_length,
+        tokenize_seconds, config.batch_tokens, stats["batch_size"], stats["source_tokens"],
+        stats["target_tokens"], 100 * stats["padding_share"], stats["batches"],
+    )  # fmt: skip
+    validation = Batches(tokenized["validation"], training=False, **common)
+    return Inputs(
+        data, model_config, tokenizer, train, make_dataset(train), make_dataset(validation),
+        stats, input_timer, tokenize_seconds,
+    )  # fmt: skip
+
+
+def _corpus(config, work):
+    """`(data, write)`: the corpus, read back from the work directory when it was
+    parsed there from the same files (`data.shards.read_corpus`), else parsed with
+    its splits' digests; `write()` keeps a fresh parse there (after the claim)."""
+    start = time.time()
+    source = source_identity(config.dataset, config.data_dir, config.direction, config.ding_path)
+    data = shards.read_corpus(work.data, source)
+    parsed_before = data is not None
+    if not parsed_before:
+        data = shards.add_digests(
+            load_translation_data(
+                config.dataset, data_dir=config.data_dir, direction=config.direction,
+                tfds_data_dir=workdir.WorkDir(config.work_dir).tfds, ding_path=config.ding_path,
+            )
+        )  # fmt: skip
+    logger.info(
+        "Data %s, %s -> %s: %s (%s in %.0fs)", data.info["name"], data.source_language,
+        data.target_language, data.info["counts"],
+        "read back" if parsed_before else "parsed", time.time() - start,
+    )  # fmt: skip
+
+    def write():
+        if not parsed_before:
+            shards.write_corpus(work.data, source, data)
+
+    return data, write
+
+
+def _tokenized(config, work, data, tokenizer, model_config):
+    """`(tokenized, reused)` (`data.shards.tokenized_splits`) of the training pairs,
+    full sentences repeated, and the validation pairs; named by the corpus's digests."""
+    # The vocabulary is the corpus's; repeated sentences only weigh the batches.
+    splits = {
+        "train": repeat_sentences(data.splits["train"], config.sentence_repeats),
+        "validation": data.splits["validation"],
+    }
+    return shards.tokenized_splits(
+        work.data, splits, tokenizer, model_config.max_length, model_config.eos_id,
+        pairs_identity={
+            "train": data.info["sha256"]["train"],
+            "validation": data.info["sha256"]["validation"],
+            "sentence_repeats": config.sentence_repeats,
+        },
+    )  # fmt: skip
+
+
+def _corpus_identity(data, model_config):
+    """What a work directory belongs to (`workdir.claim`): the corpus, its
+    direction, a digest of its training pairs and the vocabulary size."""
+    return {
+        "corpus": data.info["name"],
+        "direction": f"{data.source_language}-{data.target_language}",
+        "train_pairs_sha256": data.info["sha256"]["train"],
+        "vocab_size": model_config.vocab_size,
+    }
+
+
+def _vocabulary(work, data, model_config, finished):
+    """The shared vocabulary: trained on the corpus, or `--init-from`'s, copied once."""
+    if finished is not None:
+        source = finished.work.vocabulary
+        if not os.path.exists(work.vocabulary):
+            shutil.copyfile(source, work.vocabulary)
+        else:
+            with open(source, "rb") as a, open(work.vocabulary, "rb") as b:
+                if a.read() != b.read():
+                    raise ValueError(
+                        f"{work.vocabulary} is not the vocabulary of --init-from {source}; "
+                        "use a new --work-dir."
+                    )
+        logger.info("Vocabulary and weights of %s", finished.work.path)
+    return get_tokenizer(work.vocabulary, data.splits["train"], model_config.vocab_size)

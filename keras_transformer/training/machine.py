@@ -1,0 +1,78 @@
+"""The machine a run trains on: hardware and distribution facts, set up once and frozen."""
+
+import dataclasses
+import logging
+
+import keras
+
+from keras_transformer.distribution import is_chief_task, make_strategy
+from keras_transformer.hardware import configure_threads, describe_cpu
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Machine:
+    """What this process trains on; how it trains (precision, XLA) is `calibration`'s."""
+
+    cpu: dict  # `hardware.describe_cpu()`
+    threads: dict  # TensorFlow's thread pools ({} on other backends)
+    has_gpu: bool
+    gpu_name: str | None
+    strategy: object  # a tf.distribute strategy, or None
+    strategy_description: str
+    num_replicas: int
+    is_chief: bool
+    task_name: str  # "worker_0": names a worker's folder in a multi-worker run
+
+    def scope(self):
+        """The strategy's scope, where variables are made (a null context without one)."""
+        import contextlib
+
+        return self.strategy.scope() if self.strategy else contextlib.nullcontext()
+
+
+def set_up_machine(seed, logical_devices=None):
+    """Threads (before TensorFlow runs its first op), the seed and the distribution."""
+    cpu = describe_cpu()
+    threads = {}
+    if keras.backend.backend() == "tensorflow":
+        threads = configure_threads()
+        logger.info("CPU: %s; TensorFlow threads: %s", cpu["summary"], threads)
+    else:
+        logger.info("CPU: %s; %s backend", cpu["summary"], keras.backend.backend())
+    keras.utils.set_random_seed(seed)
+    gpu_name = _gpu_name()
+    strategy, description = make_strategy(logical_devices)
+    logger.info("Distribution: %s", description)
+    is_chief, task_name = is_chief_task()
+    return Machine(
+        cpu=cpu,
+        threads=threads,
+        has_gpu=gpu_name is not None,
+        gpu_name=gpu_name,
+        strategy=strategy,
+        strategy_description=description,
+        num_replicas=strategy.num_replicas_in_sync if strategy is not None else 1,
+        is_chief=is_chief,
+        task_name=task_name,
+    )
+
+
+def _gpu_name():
+    """The first GPU's name on this backend, or None without one."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.devices()[0].device_kind if jax.default_backend() == "gpu" else None
+    if backend == "torch":
+        import torch
+
+        return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return None
+    return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
