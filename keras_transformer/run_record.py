@@ -19,7 +19,7 @@ def build(config, machine, inputs, calibrated, fitted, evaluated, wall_seconds):
         machine: `training.machine.Machine` (CPU, threads, distribution).
         inputs: `training.inputs.Inputs` (corpus, model config, batch statistics, input timing).
         calibrated: `calibration.Calibration` (precision and XLA trained with).
-        fitted: `training.fitting.Fitted` (history, phases, validation BLEU, timings).
+        fitted: `training.runner.Fitted` (history, phases, validation BLEU, timings).
         evaluated: `training.finishing.Evaluated` (averaging, test metrics and samples).
         wall_seconds: since the run began.
     """

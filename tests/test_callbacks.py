@@ -121,3 +121,36 @@ def test_fits_callbacks_let_keras_dispatch_steps_ahead(tmp_path):
     assert async_train == keras.src.backend.IS_THREAD_SAFE  # TensorFlow: False either way
     # A callback with an ordinary batch-end hook turns it off: the check can fail.
     assert not keras.callbacks.CallbackList([*callbacks, _StopAfter(1)])._async_train
+
+
+def test_training_callbacks_come_in_the_order_their_reads_need(tmp_path):
+    from keras_transformer import workdir
+    from keras_transformer.callbacks import (
+        LearningRateLogger,
+        PhaseTimer,
+        TimeBudget,
+        TrainingClock,
+        ValidationBleu,
+        training_callbacks,
+    )
+
+    bleu = ValidationBleu([], None, every=0)
+    cooldown = Cooldown(_schedule, 0.2, minutes=1.0)
+    work = workdir.WorkDir(str(tmp_path))
+    callbacks, phases = training_callbacks(work, bleu, cooldown, minutes=1.0, spent_seconds=7.0)
+    kinds = [type(c) for c in callbacks]
+    position = {kind: kinds.index(kind) for kind in kinds}
+    # The phase timer brackets the others' epoch-end work.
+    assert callbacks[0] is phases and callbacks[-1] is phases.end_marker
+    backup = position[keras.callbacks.BackupAndRestore]
+    # What reads the restored state comes after the backup: the clock, the cooldown's step.
+    assert backup < position[TrainingClock] and backup < position[Cooldown]
+    assert position[Cooldown] < position[LearningRateLogger]  # logs the rate it set
+    if keras.callbacks.TensorBoard in position:  # it logs the validation BLEU added to logs
+        assert position[ValidationBleu] < position[keras.callbacks.TensorBoard]
+    assert next(c for c in callbacks if isinstance(c, TrainingClock)).spent_seconds == 7.0
+    assert next(c for c in callbacks if isinstance(c, TimeBudget)).seconds == 60.0
+    # No budget, no cooldown: neither callback.
+    bare, _ = training_callbacks(work, bleu)
+    assert not {Cooldown, TimeBudget} & {type(c) for c in bare}
+    assert PhaseTimer in {type(c) for c in bare}

@@ -500,3 +500,52 @@ def test_repeat_sentences_repeats_exactly_the_ding_full_sentences():
     assert repeat_sentences(pairs, 1) is pairs
     with pytest.raises(ValueError, match="times must be an integer >= 1"):
         repeat_sentences(pairs, 0)
+
+
+def test_a_parsed_corpus_is_read_back_only_for_the_same_files(corpus, tmp_path):
+    from keras_transformer.data import shards
+    from keras_transformer.data.sources import source_identity
+
+    _, _, folder = corpus
+    copy = tmp_path / "corpus"
+    copy.mkdir()
+    for path in folder.iterdir():
+        (copy / path.name).write_bytes(path.read_bytes())
+    source = source_identity(data_dir=str(copy))
+    cache = tmp_path / "data"
+    assert shards.read_corpus(cache, source) is None  # nothing written yet
+    parsed = load_translation_data(data_dir=str(copy))
+    shards.write_corpus(cache, source, parsed)
+    again = shards.read_corpus(cache, source_identity(data_dir=str(copy)))
+    assert again == parsed  # splits (as tuples), languages and info, digests included
+    assert again.info["sha256"]["train"] == shards.digest_pairs(parsed.splits["train"])
+    assert shards.read_corpus(cache, source_identity(data_dir=str(copy), direction="en-de")) is None
+    (copy / "vocab.model").write_bytes(b"not read by the corpus reader")
+    assert source_identity(data_dir=str(copy)) == source  # only the split files count
+    with open(copy / "test.en", "a", encoding="utf-8") as f:
+        f.write("one more\n")
+    with open(copy / "test.de", "a", encoding="utf-8") as f:
+        f.write("noch eins\n")
+    assert shards.read_corpus(cache, source_identity(data_dir=str(copy))) is None
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_batch_statistics_describe_the_first_pass_that_training_reads(corpus, pack):
+    data, tokenizer, _ = corpus
+    split = tokenize_split(data.splits["train"], tokenizer, max_length=12)
+    batches = _batches(split, pack=pack, seed=3)
+    stats = batches.statistics()
+    assert stats["batches"] == len(batches.training_pass(0))
+    sizes, source, target, positions = [], 0, 0, 0
+    for index in range(stats["batches"]):  # the first pass, as assembled
+        features, labels = batches.batch(index)
+        real_source = int((features["source_ids"] != 0).sum())
+        real_target = int((labels != 0).sum())  # the shifted target, EOS included
+        rows = features["source_ids"].shape[0]
+        sizes.append(int(features["source_segment_ids"].max(axis=1).sum()) if pack else rows)
+        source, target = source + real_source, target + real_target
+        positions += features["source_ids"].size + features["target_ids"].size
+    assert stats["batch_size"] == pytest.approx(np.mean(sizes))
+    assert stats["source_tokens"] == pytest.approx(source / stats["batches"])
+    assert stats["target_tokens"] == pytest.approx(target / stats["batches"])
+    assert stats["padding_share"] == pytest.approx(1 - (source + target) / positions)

@@ -2,6 +2,7 @@
 the paper's recipe as one call for a user's own `model.fit`."""
 
 import dataclasses
+import re
 
 import keras
 import numpy as np
@@ -117,3 +118,45 @@ def test_the_corpus_size_picks_dropout_unless_the_command_line_does(
     assert made.dropout == expected
     # What the corpus picked (and the log says), never a value the command line replaced.
     assert bool(picked) == (given is None and expected != get_preset(preset).dropout)
+
+
+def _parser():
+    import argparse
+
+    from keras_transformer.training.options import add_arguments
+
+    return add_arguments(argparse.ArgumentParser())
+
+
+def test_every_option_is_a_flag_whose_unset_value_is_the_configs_default():
+    args = vars(_parser().parse_args([]))
+    assert set(args) == {field.name for field in dataclasses.fields(TrainingConfig)}
+    assert TrainingConfig(**args) == TrainingConfig()
+
+
+def test_flags_parse_to_the_fields_types_and_booleans():
+    parse = _parser().parse_args
+    args = parse(["--max-train-minutes", "1.5", "--epochs", "3", "--dtype-policy", "float32",
+                  "--no-pack", "--no-test", "--no-export", "--overwrite", "--jit-compile",
+                  "--stopping", "bound", "--init-from", "w"])  # fmt: skip
+    config = TrainingConfig(**vars(args))
+    assert (config.max_train_minutes, config.epochs, config.dtype_policy) == (1.5, 3, "float32")
+    assert (config.pack, config.test, config.export, config.overwrite) == (False,) * 3 + (True,)
+    assert (config.jit_compile, config.stopping, config.init_from) == (True, "bound", "w")
+    assert parse(["--no-jit-compile"]).jit_compile is False
+    assert parse([]).jit_compile is None  # unset: calibration decides
+    with pytest.raises(SystemExit):
+        parse(["--dtype-policy", "float16"])  # not one of the choices
+
+
+@pytest.mark.parametrize("field", ["batch_tokens", "max_train_minutes", "alpha", "average_last"])
+def test_the_help_states_each_presets_default_from_the_tables(field):
+    """The help is made from `TRAINING_DEFAULTS`, so it says what `resolved()` does."""
+    action = next(a for a in _parser()._actions if a.dest == field)
+    for preset in TRAINING_DEFAULTS:
+        value = getattr(TrainingConfig(preset=preset).resolved(), field)
+        shown = "none" if value is None else str(value)
+        assert re.search(rf"[ /]{preset}\b[^;)]*? {re.escape(shown)}[;)]", action.help), (
+            preset,
+            action.help,
+        )

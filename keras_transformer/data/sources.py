@@ -129,19 +129,25 @@ def load_translation_data(
 
 def source_identity(dataset="ding", data_dir=None, direction=None, ding_path=None):
     """What `load_translation_data` with these arguments reads, as a JSON-able dict:
-    the digest of each file of a folder or of the Ding dictionary (a TFDS corpus:
-    its name), the direction, and the digest of the parsers' code. Equal identities
-    parse to equal pairs (`shards.corpus` reuses a parse on that promise)."""
+    the digest of each split file of a folder or of the Ding dictionary (a TFDS
+    corpus: its name, prepared once in the work directory), the direction, and the
+    digest of the parsers' code. Equal identities parse to equal pairs
+    (`shards.read_corpus` reuses a parse on that promise)."""
     from keras_transformer.data import ding, shards, text_files
 
     if data_dir is not None:
-        names = sorted(n for n in os.listdir(data_dir) if os.path.isfile(os.path.join(data_dir, n)))
-        files = {name: shards.digest_file(os.path.join(data_dir, name)) for name in names}
+        prefixes = {"train", "test", *text_files.VALIDATION_NAMES}  # the files it reads
+        paths = {n: os.path.join(data_dir, n) for n in sorted(os.listdir(data_dir))}
+        files = {
+            name: shards.digest_file(path)
+            for name, path in paths.items()
+            if name.split(".", 1)[0] in prefixes and os.path.isfile(path)
+        }
     elif dataset == "ding":
         path = ding_path or ding.DEFAULT_CORPUS_PATH
         files = {"ding": shards.digest_file(path)} if os.path.exists(path) else None
     else:
-        files = {"tfds": dataset}  # prepared once in the work directory's tfds/
+        files = {"tfds": dataset}
     parsers = hashlib.sha256()
     for module in (ding, text_files, sys.modules[__name__]):
         with open(module.__file__, "rb") as f:

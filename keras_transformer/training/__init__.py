@@ -6,9 +6,9 @@
     machine.py    the hardware and the distribution, set up once and frozen
     lifecycle.py  new, resumed, continued or --init-from; the work directory; the budget
     inputs.py     corpus, model config, vocabulary and batches, made once per work directory
-    fitting.py    the model built and compiled, and `model.fit` with the run's callbacks
+    runner.py     `run()`: the stages as one sequence; the model built and compiled,
+                  and `model.fit` with the run's callbacks and time budget
     finishing.py  float32 copy, checkpoint averaging, test decode, exports
-    runner.py     `run()`: the stages above as one sequence
 
 and beside them, shared with other commands: `calibration` (precision and XLA
 by timing), `callbacks` (`fit`'s callbacks and their order), `averaging`,
@@ -33,11 +33,12 @@ _EXPORTS = {
     "FinishedRun": "lifecycle",
     "RunProgress": "lifecycle",
     "run_progress": "lifecycle",
+    "finished_run": "lifecycle",
     "Inputs": "inputs",
     "prepare_inputs": "inputs",
-    "Fitted": "fitting",
-    "build_model": "fitting",
-    "fit": "fitting",
+    "Fitted": "runner",
+    "build_model": "runner",
+    "fit": "runner",
     "export": "finishing",
 }
 

@@ -6,7 +6,6 @@ import logging
 import os
 
 from keras_transformer import workdir
-from keras_transformer.training.options import TrainingConfig
 
 logger = logging.getLogger(__name__)
 
@@ -17,6 +16,10 @@ class FinishedRun:
 
     work: workdir.WorkDir
     run_info: dict
+
+    @property
+    def preset(self):
+        return self.run_info["preset"]
 
     @property
     def steps(self):
@@ -53,23 +56,16 @@ class RunProgress:
         return dataclasses.asdict(self)
 
 
-def resolve(config, options):
-    """The resolved `TrainingConfig`, and the `FinishedRun` of `init_from` (or None).
-
-    `config` is a `TrainingConfig`, a preset name or None; `options` replace its fields.
-    """
-    if isinstance(config, str):
-        options = {"preset": config, **options}
-        config = None
-    config = dataclasses.replace(config, **options) if config else TrainingConfig(**options)
+def finished_run(config):
+    """The `FinishedRun` that `config.init_from` names (checked), or None."""
     if not config.init_from:
-        return config.resolved(), None
+        return None
     finished = FinishedRun(
         workdir.WorkDir(config.init_from), workdir.check(config.init_from, finished=True)
     )
-    if config.preset is not None and config.preset != finished.run_info["preset"]:
+    if config.preset is not None and config.preset != finished.preset:
         raise ValueError(
-            f"--init-from {config.init_from} trained preset {finished.run_info['preset']!r}; "
+            f"--init-from {config.init_from} trained preset {finished.preset!r}; "
             f"its architecture is kept. Received: preset={config.preset!r}"
         )
     if os.path.abspath(config.init_from) == os.path.abspath(config.work_dir):
@@ -77,7 +73,7 @@ def resolve(config, options):
             f"--init-from needs a new --work-dir; {config.work_dir!r} is the finished run "
             "(rerun without --init-from to resume an unfinished run there)."
         )
-    return config.resolved(finished.run_info["preset"]), finished
+    return finished
 
 
 def open_work_dir(config, machine):

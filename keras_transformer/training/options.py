@@ -211,6 +211,16 @@ class TrainingConfig:
 _FIELDS = frozenset(field.name for field in dataclasses.fields(TrainingConfig))
 
 
+def config_from(config=None, options=None):
+    """`run()`'s arguments as one `TrainingConfig`: `config` (a `TrainingConfig`, a
+    preset name or None) with `options` (a dict of fields) replacing its fields."""
+    options = options or {}
+    if isinstance(config, str):
+        options = {"preset": config, **options}
+        config = None
+    return dataclasses.replace(config, **options) if config else TrainingConfig(**options)
+
+
 # --------------------------------------------------------------------------- command line
 
 
