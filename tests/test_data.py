@@ -1,5 +1,6 @@
 """Data: the Ding parser and builder, splits, parallel folders, vocabulary, batches."""
 
+import dataclasses
 import json
 import logging
 
@@ -517,7 +518,9 @@ def test_a_parsed_corpus_is_read_back_only_for_the_same_files(corpus, tmp_path):
     parsed = load_translation_data(data_dir=str(copy))
     shards.write_corpus(cache, source, parsed)
     again = shards.read_corpus(cache, source_identity(data_dir=str(copy)))
-    assert again == parsed  # splits (as tuples), languages and info, digests included
+    # All but the training pairs (the shards hold them): held-out text, languages, info.
+    assert again.splits == {name: parsed.splits[name] for name in ("validation", "test")}
+    assert again.info == parsed.info and again.source_language == parsed.source_language
     assert again.info["sha256"]["train"] == shards.digest_pairs(parsed.splits["train"])
     assert shards.read_corpus(cache, source_identity(data_dir=str(copy), direction="en-de")) is None
     (copy / "vocab.model").write_bytes(b"not read by the corpus reader")
@@ -549,3 +552,34 @@ def test_batch_statistics_describe_the_first_pass_that_training_reads(corpus, pa
     assert stats["source_tokens"] == pytest.approx(source / stats["batches"])
     assert stats["target_tokens"] == pytest.approx(target / stats["batches"])
     assert stats["padding_share"] == pytest.approx(1 - (source + target) / positions)
+
+
+def test_a_prepared_work_directory_never_reads_its_corpus_text_again(corpus, tmp_path, monkeypatch):
+    from keras_transformer import workdir
+    from keras_transformer.training import inputs
+    from keras_transformer.training.machine import Machine
+    from keras_transformer.training.options import TrainingConfig
+
+    _, _, folder = corpus
+    config = TrainingConfig(
+        preset="tiny", data_dir=str(folder), vocab_size=64, batch_tokens=256,
+        work_dir=str(tmp_path / "work"),
+    ).resolved()  # fmt: skip
+    machine = Machine(
+        cpu={}, threads={}, has_gpu=False, gpu_name=None, strategy=None,
+        strategy_description="", num_replicas=1, is_chief=True, task_name="worker_0",
+    )  # fmt: skip
+    work = workdir.WorkDir(config.work_dir)
+    first = inputs.prepare_inputs(config, machine, work)
+
+    def no_parsing(*args, **kwargs):
+        raise AssertionError("the corpus text was read again")
+
+    monkeypatch.setattr(inputs, "load_translation_data", no_parsing)
+    again = inputs.prepare_inputs(config, machine, work)
+    assert again.batch_stats == first.batch_stats
+    assert again.data.splits["test"] == first.data.splits["test"]
+    np.testing.assert_array_equal(again.train_batches.batch(3)[1], first.train_batches.batch(3)[1])
+    # Another --sentence-repeats needs new shards: then, and only then, the text is read.
+    with pytest.raises(AssertionError, match="read again"):
+        inputs.prepare_inputs(dataclasses.replace(config, sentence_repeats=2), machine, work)

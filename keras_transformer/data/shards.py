@@ -1,12 +1,13 @@
 """The corpus and its tokenized splits, written once per work directory.
 
 In the spirit of `fairseq-preprocess` and nanoGPT's `train.bin`: the first
-run of a work directory parses its corpus (`corpus`, to
-`<work_dir>/data/pairs.json`, with each split's digest) and tokenizes its
-training and validation pairs with the `sentencepiece` package
-(`tokenized_splits`, each split's flat token arrays to
-`<work_dir>/data/<split>.npz`); later runs (a resumed or continued run)
-read both back instead of parsing and tokenizing again. Each names what it
+run of a work directory parses its corpus, keeps what a run needs of it
+besides the training pairs (`write_corpus`: languages, counts, each
+split's digest, the held-out splits' text, to
+`<work_dir>/data/held_out.json`) and tokenizes its training and validation
+pairs with the `sentencepiece` package (`tokenized_splits`, each split's
+flat token arrays to `<work_dir>/data/<split>.npz`); later runs (a resumed
+or continued run) read both back and never read the corpus's text. Each names what it
 was made from (the corpus's source files and the parser; the vocabulary
 file, the pairs and the settings), and a difference in any of them makes
 it anew.
@@ -25,7 +26,7 @@ from keras_transformer.data.pipeline import TokenizedSplit, tokenize_split
 logger = logging.getLogger(__name__)
 
 FORMAT = 1
-CORPUS = "pairs.json"  # the parsed corpus (`write_corpus`)
+CORPUS = "held_out.json"  # a parsed corpus but its training pairs (`write_corpus`)
 _ARRAYS = ("source", "source_offsets", "target", "target_offsets", "lengths")
 
 
@@ -51,7 +52,7 @@ def digest_file(path):
 def read_corpus(folder, source):
     """The `TranslationData` that `write_corpus` left in `folder` for the same
     `source` (a JSON-able identity of what was parsed: `sources.source_identity`),
-    or None."""
+    without its training pairs (no "train" in `splits`), or None."""
     from keras_transformer.data.sources import TranslationData
 
     try:
@@ -74,10 +75,17 @@ def add_digests(data):
 
 
 def write_corpus(folder, source, data):
-    """Writes a parsed corpus for `read_corpus`, its splits' digests included."""
+    """Writes what a run needs of a parsed corpus besides its training pairs (the
+    tokenized shards hold those) for `read_corpus`: the languages, the info (the
+    splits' digests included) and the held-out splits' text."""
     add_digests(data)
     os.makedirs(folder, exist_ok=True)
-    record = {"format": FORMAT, "source": source, "data": dataclasses.asdict(data)}
+    held_out = {name: pairs for name, pairs in data.splits.items() if name != "train"}
+    record = {
+        "format": FORMAT,
+        "source": source,
+        "data": dataclasses.asdict(dataclasses.replace(data, splits=held_out)),
+    }
     _write_json(os.path.join(folder, CORPUS), record)
 
 
@@ -110,11 +118,13 @@ def tokenized_splits(folder, splits, tokenizer, max_length, eos_id, pairs_identi
 
     Args:
         folder: usually `<work_dir>/data`.
-        splits: dict name -> list of `(source, target)` strings.
+        splits: dict name -> list of `(source, target)` strings, or -> a callable
+            that returns it, called only when the split must be tokenized (a
+            reused work directory then never reads its corpus's text).
         tokenizer: a `SentencePieceTokenizer` (its `path` is digested).
         pairs_identity: what names the pairs of `splits` (JSON-able; e.g. the
             corpus's digests and how its sentences were repeated); None: the
-            `digest_pairs` of each split.
+            `digest_pairs` of each split (lists only).
 
     Returns:
         `(tokenized, reused)`: dict name -> `TokenizedSplit`, and whether all were read back.
@@ -138,6 +148,7 @@ def tokenized_splits(folder, splits, tokenizer, max_length, eos_id, pairs_identi
         return tokenized, True
     tokenized = {}
     for name, pairs in splits.items():
+        pairs = pairs() if callable(pairs) else pairs
         tokenized[name] = tokenize_split(pairs, tokenizer, max_length, eos_id=eos_id)
         save_split(tokenized[name], os.path.join(folder, f"{name}.npz"))
     _write_json(manifest_path, expected)

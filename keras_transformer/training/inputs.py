@@ -10,6 +10,7 @@ tokenized with the `sentencepiece` package once per work directory
 """
 
 import dataclasses
+import functools
 import logging
 import os
 import shutil
@@ -55,7 +56,7 @@ def prepare_inputs(config, machine, work, finished=None):
         work: the `WorkDir` this process writes.
         finished: `lifecycle.FinishedRun` of `--init-from`, or None.
     """
-    data, write_corpus = _corpus(config, work)
+    data, train_pairs, write_corpus = _corpus(config, work)
     model_config, picked = make_model_config(
         config, data.info["counts"]["train"], data.info["name"], finished
     )
@@ -67,9 +68,9 @@ def prepare_inputs(config, machine, work, finished=None):
     if machine.is_chief:  # before anything is written there
         workdir.claim(work.path, _corpus_identity(data, model_config))
     write_corpus()
-    tokenizer = _vocabulary(work, data, model_config, finished)
+    tokenizer = _vocabulary(work, train_pairs, model_config, finished)
     start = time.time()
-    tokenized, reused = _tokenized(config, work, data, tokenizer, model_config)
+    tokenized, reused = _tokenized(config, work, data, train_pairs, tokenizer, model_config)
     tokenize_seconds = time.time() - start
     common = dict(
         max_length=model_config.max_length,
@@ -101,39 +102,46 @@ def prepare_inputs(config, machine, work, finished=None):
 
 
 def _corpus(config, work):
-    """`(data, write)`: the corpus, read back from the work directory when it was
-    parsed there from the same files (`data.shards.read_corpus`), else parsed with
-    its splits' digests; `write()` keeps a fresh parse there (after the claim)."""
+    """`(data, train_pairs, write)`: the corpus, read back from the work directory
+    when it was parsed there from the same files (`data.shards.read_corpus`: all
+    but its training pairs), else parsed with its splits' digests; `train_pairs()`
+    its training pairs, parsed only when a call needs them (a new vocabulary or
+    new shards); `write()` keeps a fresh parse there (after the claim)."""
     start = time.time()
     source = source_identity(config.dataset, config.data_dir, config.direction, config.ding_path)
+    load = functools.partial(
+        load_translation_data, config.dataset, data_dir=config.data_dir,
+        direction=config.direction, tfds_data_dir=workdir.WorkDir(config.work_dir).tfds,
+        ding_path=config.ding_path,
+    )  # fmt: skip
     data = shards.read_corpus(work.data, source)
-    parsed_before = data is not None
-    if not parsed_before:
-        data = shards.add_digests(
-            load_translation_data(
-                config.dataset, data_dir=config.data_dir, direction=config.direction,
-                tfds_data_dir=workdir.WorkDir(config.work_dir).tfds, ding_path=config.ding_path,
-            )
-        )  # fmt: skip
+    read_back = data is not None
+    if not read_back:
+        data = shards.add_digests(load())
     logger.info(
         "Data %s, %s -> %s: %s (%s in %.0fs)", data.info["name"], data.source_language,
         data.target_language, data.info["counts"],
-        "read back" if parsed_before else "parsed", time.time() - start,
+        "read back" if read_back else "parsed", time.time() - start,
     )  # fmt: skip
 
+    @functools.cache
+    def train_pairs():
+        # The same files and parser (`source`): the same pairs as when it was written.
+        return data.splits["train"] if "train" in data.splits else load().splits["train"]
+
     def write():
-        if not parsed_before:
+        if not read_back:
             shards.write_corpus(work.data, source, data)
 
-    return data, write
+    return data, train_pairs, write
 
 
-def _tokenized(config, work, data, tokenizer, model_config):
+def _tokenized(config, work, data, train_pairs, tokenizer, model_config):
     """`(tokenized, reused)` (`data.shards.tokenized_splits`) of the training pairs,
     full sentences repeated, and the validation pairs; named by the corpus's digests."""
     # The vocabulary is the corpus's; repeated sentences only weigh the batches.
     splits = {
-        "train": repeat_sentences(data.splits["train"], config.sentence_repeats),
+        "train": lambda: repeat_sentences(train_pairs(), config.sentence_repeats),
         "validation": data.splits["validation"],
     }
     return shards.tokenized_splits(
@@ -157,7 +165,7 @@ def _corpus_identity(data, model_config):
     }
 
 
-def _vocabulary(work, data, model_config, finished):
+def _vocabulary(work, train_pairs, model_config, finished):
     """The shared vocabulary: trained on the corpus, or `--init-from`'s, copied once."""
     if finished is not None:
         source = finished.work.vocabulary
@@ -171,4 +179,5 @@ def _vocabulary(work, data, model_config, finished):
                         "use a new --work-dir."
                     )
         logger.info("Vocabulary and weights of %s", finished.work.path)
-    return get_tokenizer(work.vocabulary, data.splits["train"], model_config.vocab_size)
+    pairs = () if os.path.exists(work.vocabulary) else train_pairs()
+    return get_tokenizer(work.vocabulary, pairs, model_config.vocab_size)
