@@ -147,7 +147,7 @@ def source_identity(dataset="ding", data_dir=None, direction=None, ding_path=Non
         path = ding_path or ding.DEFAULT_CORPUS_PATH
         files = {"ding": shards.digest_file(path)} if os.path.exists(path) else None
     else:
-        files = {"tfds": dataset}
+        files = {"dataset": dataset}
     parsers = hashlib.sha256()
     for module in (ding, text_files, sys.modules[__name__]):
         with open(module.__file__, "rb") as f:
