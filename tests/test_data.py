@@ -505,7 +505,7 @@ def test_repeat_sentences_repeats_exactly_the_ding_full_sentences():
 
 def test_a_parsed_corpus_is_read_back_only_for_the_same_files(corpus, tmp_path):
     from keras_transformer.data import shards
-    from keras_transformer.data.sources import source_identity
+    from keras_transformer.data.shards import source_identity
 
     _, _, folder = corpus
     copy = tmp_path / "corpus"

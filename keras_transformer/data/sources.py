@@ -9,7 +9,6 @@ import dataclasses
 import hashlib
 import logging
 import os
-import sys
 
 logger = logging.getLogger(__name__)
 
@@ -125,34 +124,6 @@ def load_translation_data(
     if not hasattr(builder.info.features, "languages"):
         raise ValueError(f"TFDS dataset {dataset!r} is not a translation dataset (no languages).")
     return _from_tfds_builder(builder, dataset, direction)
-
-
-def source_identity(dataset="ding", data_dir=None, direction=None, ding_path=None):
-    """What `load_translation_data` with these arguments reads, as a JSON-able dict:
-    the digest of each split file of a folder or of the Ding dictionary (a TFDS
-    corpus: its name, prepared once in the work directory), the direction, and the
-    digest of the parsers' code. Equal identities parse to equal pairs
-    (`shards.read_corpus` reuses a parse on that promise)."""
-    from keras_transformer.data import ding, shards, text_files
-
-    if data_dir is not None:
-        prefixes = {"train", "test", *text_files.VALIDATION_NAMES}  # the files it reads
-        paths = {n: os.path.join(data_dir, n) for n in sorted(os.listdir(data_dir))}
-        files = {
-            name: shards.digest_file(path)
-            for name, path in paths.items()
-            if name.split(".", 1)[0] in prefixes and os.path.isfile(path)
-        }
-    elif dataset == "ding":
-        path = ding_path or ding.DEFAULT_CORPUS_PATH
-        files = {"ding": shards.digest_file(path)} if os.path.exists(path) else None
-    else:
-        files = {"dataset": dataset}
-    parsers = hashlib.sha256()
-    for module in (ding, text_files, sys.modules[__name__]):
-        with open(module.__file__, "rb") as f:
-            parsers.update(f.read())
-    return {"files": files, "direction": direction, "parsers": parsers.hexdigest()}
 
 
 def tfds_order(pairs, split):

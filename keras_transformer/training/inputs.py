@@ -26,7 +26,6 @@ from keras_transformer.data import (
     repeat_sentences,
     shards,
 )
-from keras_transformer.data.sources import source_identity
 from keras_transformer.training.presets import model_config as make_model_config
 
 logger = logging.getLogger(__name__)
@@ -108,7 +107,9 @@ def _corpus(config, work):
     its training pairs, parsed only when a call needs them (a new vocabulary or
     new shards); `write()` keeps a fresh parse there (after the claim)."""
     start = time.time()
-    source = source_identity(config.dataset, config.data_dir, config.direction, config.ding_path)
+    source = shards.source_identity(
+        config.dataset, config.data_dir, config.direction, config.ding_path
+    )
     load = functools.partial(
         load_translation_data, config.dataset, data_dir=config.data_dir,
         direction=config.direction, tfds_data_dir=workdir.WorkDir(config.work_dir).tfds,
