@@ -264,11 +264,32 @@ def training_callbacks(work, validation_bleu, cooldown=None, minutes=None, spent
         checkpoint,
         *_tensorboard(work),
         *([TimeBudget(minutes)] if minutes is not None else []),
+        *([] if _can_run_ahead() else [_InStep()]),
         phases.end_marker,
     ]
     for callback in (backup, checkpoint):
         callback.async_safe = True  # per epoch: their batch-end hooks do nothing
     return callbacks, phases
+
+
+def _can_run_ahead():
+    """Whether Keras may hand a step's logs to the callbacks in its own thread.
+
+    Not under JAX data parallelism over several devices: the logs are sharded
+    arrays whose buffers the next step donates, and Keras's callback thread
+    read a deleted one (a segmentation fault on two CPU devices,
+    tests/test_jax_data_parallel.py)."""
+    distribution = keras.distribution.distribution()
+    mesh = getattr(distribution, "device_mesh", None)
+    return mesh is None or mesh.devices.size == 1
+
+
+class _InStep(keras.callbacks.Callback):
+    """A batch-end hook that is not `async_safe`: Keras then calls the callbacks
+    after each step, on its own thread."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        pass
 
 
 def _tensorboard(work):

@@ -41,11 +41,16 @@ def make_strategy(logical_devices=None):
     over all local GPUs when there are several, and no strategy (TensorFlow's
     default) on one device: a one-replica `MirroredStrategy` only adds
     per-step cross-replica bookkeeping (benchmarks/README.md, "Settled questions").
-    JAX: `keras.distribution.DataParallel` over all devices. torch: none.
+    JAX: `keras.distribution.DataParallel` over all devices when there are
+    several (`num_replicas`: a batch's rows divide among them). torch: none.
     """
     backend = keras.backend.backend()
     if backend == "jax":
         devices = keras.distribution.list_devices()
+        if len(devices) == 1:
+            # No distribution: Keras would read batches through its distributed
+            # iterator, which drops the one-batch look-ahead of the plain one.
+            return None, f"jax on one device: {devices[0]}"
         keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
         return None, f"jax DataParallel over {len(devices)} device(s)"
     if backend != "tensorflow":
@@ -75,6 +80,17 @@ def make_strategy(logical_devices=None):
         strategy = tf.distribute.MirroredStrategy()
     devices = ", ".join(strategy.extended.worker_devices)
     return strategy, f"MirroredStrategy over {strategy.num_replicas_in_sync} device(s): {devices}"
+
+
+def num_replicas(strategy):
+    """The replicas a batch is split over: the strategy's, or under JAX the devices
+    of `keras.distribution`'s data parallelism (rows must divide among them); 1."""
+    if strategy is not None:
+        return strategy.num_replicas_in_sync
+    distribution = keras.distribution.distribution()
+    if distribution is not None and getattr(distribution, "device_mesh", None) is not None:
+        return int(distribution.device_mesh.devices.size)
+    return 1
 
 
 def is_multi_worker(strategy):

@@ -85,6 +85,8 @@ def _timing(inputs, fitted, evaluated):
         "first_step_seconds": phases.first_step_seconds,
         "train_steps_seconds": fitted.train_seconds,
         "input_seconds": inputs.input_timer.seconds,
+        # Of the training loop, waiting for a batch assembled ahead (JAX, torch).
+        "input_wait_seconds": getattr(inputs.train_ds, "input_wait_seconds", None),
         "validation_seconds": phases.validation_seconds,
         "validation_bleu_seconds": fitted.validation_bleu.seconds,
         "epoch_end_seconds": phases.epoch_end_seconds,

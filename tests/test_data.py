@@ -583,3 +583,31 @@ def test_a_prepared_work_directory_never_reads_its_corpus_text_again(corpus, tmp
     # Another --sentence-repeats needs new shards: then, and only then, the text is read.
     with pytest.raises(AssertionError, match="read again"):
         inputs.prepare_inputs(dataclasses.replace(config, sentence_repeats=2), machine, work)
+
+
+def test_batches_assembled_ahead_are_the_inline_stream_in_one_thread(corpus):
+    import threading
+
+    from keras_transformer.data import PyDataset
+    from keras_transformer.data.datasets import AheadOfStep
+
+    data, tokenizer, _ = corpus
+    split = tokenize_split(data.splits["train"], tokenizer, max_length=12)
+    inline = _batches(split, pack=True, seed=5)
+    ahead = PyDataset(_batches(split, pack=True, seed=5), ahead=3)
+    count = 3 * len(inline.training_pass(0))  # three passes: the plans ahead too
+    for index in range(count):
+        (features, labels), (expected, expected_labels) = ahead[index], inline.batch(index)
+        np.testing.assert_array_equal(labels, expected_labels)
+        for name in expected:
+            np.testing.assert_array_equal(features[name], expected[name])
+    assert ahead.input_wait_seconds >= 0.0
+    threads = set()
+
+    def make(index):
+        threads.add(threading.get_ident())
+        return index * index
+
+    stream = AheadOfStep(make, depth=2)
+    assert [stream.get(i) for i in (0, 1, 2, 5, 6)] == [0, 1, 4, 25, 36]  # a skip too
+    assert len(threads) == 1 and threading.get_ident() not in threads

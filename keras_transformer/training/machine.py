@@ -5,7 +5,7 @@ import logging
 
 import keras
 
-from keras_transformer.distribution import is_chief_task, make_strategy
+from keras_transformer.distribution import is_chief_task, make_strategy, num_replicas
 from keras_transformer.hardware import configure_threads, describe_cpu
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def set_up_machine(seed, logical_devices=None):
         gpu_name=gpu_name,
         strategy=strategy,
         strategy_description=description,
-        num_replicas=strategy.num_replicas_in_sync if strategy is not None else 1,
+        num_replicas=num_replicas(strategy),
         is_chief=is_chief,
         task_name=task_name,
     )
