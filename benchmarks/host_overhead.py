@@ -32,7 +32,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -91,8 +90,14 @@ def tiny_model():
     return model
 
 
-def time_round(model, split, args, ahead, work_dir):
-    """Seconds per step of one `fit` of `args.steps` steps, and the input figures."""
+def time_round(split, args, ahead):
+    """Milliseconds per step of one `fit` of `args.steps` steps after its first
+    (`PhaseTimer`'s, which leaves out the first step's compile), and the input
+    figures. A fresh model and folder each round: a second `fit` of a model
+    whose first ran Keras's callbacks in their own thread failed under JAX
+    ("Buffer has been deleted or donated"), and an earlier round's backup
+    would skip the epoch."""
+    model = tiny_model()
     from keras_transformer import workdir
     from keras_transformer.callbacks import ValidationBleu, training_callbacks
     from keras_transformer.data import Batches, InputTimer, PyDataset
@@ -102,15 +107,15 @@ def time_round(model, split, args, ahead, work_dir):
                       seed=0, timer=timer)  # fmt: skip
     batches.training_pass(0)  # the first pass's plan, made before the clock starts
     dataset = PyDataset(batches, ahead=ahead)
-    callbacks, phases = training_callbacks(
-        workdir.WorkDir(work_dir), ValidationBleu([], None, every=0)
-    )
-    start = time.perf_counter()
-    model.fit(dataset, epochs=1, steps_per_epoch=args.steps, verbose=0, callbacks=callbacks,
-              shuffle=False)  # fmt: skip
-    seconds = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as work_dir:
+        callbacks, phases = training_callbacks(
+            workdir.WorkDir(work_dir), ValidationBleu([], None, every=0)
+        )
+        model.fit(dataset, epochs=1, steps_per_epoch=args.steps + 1, verbose=0,
+                  callbacks=callbacks, shuffle=False)  # fmt: skip
+    assert phases.steps == args.steps + 1, phases.steps
     return {
-        "step_ms": 1000 * seconds / args.steps,
+        "step_ms": 1000 * phases.step_seconds / args.steps,
         "assemble_ms": 1000 * timer.seconds / max(timer.batches, 1),
         "wait_ms": None if not ahead else 1000 * dataset.input_wait_seconds / args.steps,
     }
@@ -123,13 +128,10 @@ def main(argv=None):
     from keras_transformer.hardware import describe_cpu
 
     split = synthetic_split(args.pairs)
-    model = tiny_model()
     results = {"inline": [], "ahead": []}
-    with tempfile.TemporaryDirectory() as work_dir:
-        time_round(model, split, argparse.Namespace(**{**vars(args), "steps": 20}), 0, work_dir)
-        for _ in range(args.rounds):
-            for name, ahead in (("inline", 0), ("ahead", args.ahead)):
-                results[name].append(time_round(model, split, args, ahead, work_dir))
+    for _ in range(args.rounds):
+        for name, ahead in (("inline", 0), ("ahead", args.ahead)):
+            results[name].append(time_round(split, args, ahead))
     summary = {
         "backend": keras.backend.backend(),
         "cpu": describe_cpu()["summary"],

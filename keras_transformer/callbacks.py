@@ -264,32 +264,11 @@ def training_callbacks(work, validation_bleu, cooldown=None, minutes=None, spent
         checkpoint,
         *_tensorboard(work),
         *([TimeBudget(minutes)] if minutes is not None else []),
-        *([] if _can_run_ahead() else [_InStep()]),
         phases.end_marker,
     ]
     for callback in (backup, checkpoint):
         callback.async_safe = True  # per epoch: their batch-end hooks do nothing
     return callbacks, phases
-
-
-def _can_run_ahead():
-    """Whether Keras may hand a step's logs to the callbacks in its own thread.
-
-    Not under JAX data parallelism over several devices: the logs are sharded
-    arrays whose buffers the next step donates, and Keras's callback thread
-    read a deleted one (a segmentation fault on two CPU devices,
-    tests/test_jax_data_parallel.py)."""
-    distribution = keras.distribution.distribution()
-    mesh = getattr(distribution, "device_mesh", None)
-    return mesh is None or mesh.devices.size == 1
-
-
-class _InStep(keras.callbacks.Callback):
-    """A batch-end hook that is not `async_safe`: Keras then calls the callbacks
-    after each step, on its own thread."""
-
-    def on_train_batch_end(self, batch, logs=None):
-        pass
 
 
 def _tensorboard(work):
@@ -302,7 +281,13 @@ def _tensorboard(work):
             "TensorBoard is not installed (`pip install tensorboard`); no logs/ written."
         )
         return []
-    tensorboard = keras.callbacks.TensorBoard(work.logs)  # update_freq="epoch"
+    # No graph under JAX and torch: TensorBoard writes it at the first step's end
+    # through `self.model`, which under JAX syncs the training state into the
+    # variables; from Keras's callback thread, while the next steps ran and donated
+    # those buffers, that failed ("Buffer has been deleted or donated") or crashed
+    # the process (a segmentation fault, tests/test_jax_data_parallel.py).
+    write_graph = keras.backend.backend() == "tensorflow"  # whose callbacks run in step
+    tensorboard = keras.callbacks.TensorBoard(work.logs, write_graph=write_graph)
     # Its batch-end hook writes nothing per epoch (no writer is pushed); this only
     # matters under JAX and torch (TensorFlow's Keras backend is not thread-safe).
     tensorboard.async_safe = True

@@ -5,7 +5,9 @@ flag must be set before JAX starts).
 `keras.distribution.DataParallel` shards each batch's rows over the devices,
 so the rows must divide among them (`distribution.num_replicas`): packed
 batches of the package's pipeline train over two devices to the same
-weights as on one, and `train.py` runs there end to end.
+weights as on one, and `train.py` runs there end to end (it crashed with a
+segmentation fault when TensorBoard wrote its graph from Keras's callback
+thread: `callbacks._tensorboard`).
 """
 
 import json
