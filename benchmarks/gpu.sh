@@ -14,7 +14,10 @@
 #    for a CPU machine to export;
 # 3. this package under Keras's torch backend, with what time is left.
 #
-# STEPS="ding" (any of: jax torch_reference ding torch_backend) runs only those.
+# STEPS="ding" (any of: jax torch_reference torch_fair torch_fair_graphs ding
+# torch_backend) runs only those. Everything takes more than one 10-minute slot now:
+# run it as two calls, e.g. STEPS="jax torch_reference torch_fair torch_fair_graphs"
+# then STEPS="ding torch_backend".
 #
 # On a machine without TensorFlow or Keras (the lent GPU machine), wheels in .whl/
 # (keras, keras-hub, namex, optree, kagglehub, kagglesdk) are installed to
@@ -32,7 +35,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site:$PWD
 fi
 
-STEPS=${STEPS:-"jax torch_reference ding torch_backend"}
+STEPS=${STEPS:-"jax torch_reference torch_fair torch_fair_graphs ding torch_backend"}
 step() {  # step NAME SECONDS COMMAND...: runs COMMAND under a time limit, logged
   local name=$1 limit=$2
   shift 2
@@ -51,6 +54,13 @@ step jax 170 python3 benchmarks/train_throughput.py --backends jax $BASE --dtype
   --peak-tflops 989 --json "$OUT/throughput_jax.json"
 step torch_reference 140 python3 benchmarks/torch_reference.py $BASE --rounds 5 --steps 5 \
   --json "$OUT/torch_reference.json"
+# The tuned reference (SDPA with is_causal, the Keras builds' dropout only, the loss
+# compiled with the model), plain torch.compile and with CUDA graphs; 10 rounds of 25.
+step torch_fair 200 python3 benchmarks/torch_reference.py $BASE --variant fair --rounds 10 \
+  --steps 25 --json "$OUT/torch_reference_fair.json"
+step torch_fair_graphs 200 python3 benchmarks/torch_reference.py $BASE --variant fair \
+  --compile-mode reduce-overhead --rounds 10 --steps 25 \
+  --json "$OUT/torch_reference_fair_graphs.json"
 
 DING=${DING:-.gpu/ding_small}
 DING_MINUTES=${DING_MINUTES:-2}
@@ -66,6 +76,6 @@ fi
 step torch_backend 50 python3 benchmarks/train_throughput.py --backends torch $BASE \
   --dtype mixed_bfloat16 --candidates keras_transformer --rounds 3 --steps 3 \
   --peak-tflops 989 --json "$OUT/throughput_torch.json"
-python3 benchmarks/train_throughput.py --table "$OUT"/throughput_*.json "$OUT/torch_reference.json" \
+python3 benchmarks/train_throughput.py --table "$OUT"/throughput_*.json "$OUT"/torch_reference*.json \
   --peak-tflops 989 >>"$LOG" 2>&1
 grep -v "^W0000\|^I0000" "$LOG" | tail -80

@@ -6,6 +6,7 @@ model, and the sweep's test row for the run's search is the run's score.
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -88,3 +89,44 @@ def test_search_sweep_scores_the_runs_search_as_the_run_did(finished):
     best = max(sweep["validation"], key=lambda key: sweep["validation"][key]["test"]["chrf"])
     assert set(sweep["test"]) == {"2,0.6", best}
     assert sweep["test"]["2,0.6"]["test"] == info["metrics"]["test"]
+
+
+def test_the_tuned_pytorch_reference_has_the_keras_models_parameters_and_runs():
+    """The fair PyTorch build (`benchmarks/torch_reference.py --variant fair`) holds the
+    Keras `Transformer`'s parameters one for one (nothing more: no final LayerNorms,
+    no feed-forward dropout), and its step with the loss inside runs on CPU."""
+    pytest.importorskip("torch")
+    import torch
+
+    from benchmarks import torch_reference
+    from keras_transformer import Transformer
+    from keras_transformer.config import get_preset
+
+    config = get_preset("tiny")
+    fair = torch_reference.build_fair(config, padding=True)
+    keras_model = Transformer.from_preset("tiny")
+    keras_model.build()
+    assert sum(p.numel() for p in fair.parameters()) == keras_model.count_params()
+    plain = torch_reference.build(config)
+    assert sum(p.numel() for p in plain.parameters()) > keras_model.count_params()
+    # Padding or none: the masked and the is_causal paths give the same logits
+    # on a batch without padding.
+    torch.manual_seed(0)
+    ids = torch.randint(4, config.vocab_size, (2, 6))
+    unmasked = torch_reference.build_fair(config, padding=False)
+    unmasked.load_state_dict(fair.state_dict())
+    fair.eval(), unmasked.eval()
+    torch.testing.assert_close(fair(ids, ids), unmasked(ids, ids), atol=1e-5, rtol=1e-5)
+    result = subprocess.run(
+        [sys.executable, "benchmarks/torch_reference.py", "--variant", "fair", "--preset",
+         "tiny", "--no-compile", "--steps", "3", "--rounds", "2", "--warmup", "2",
+         "--batch-size", "8", "--length", "8", "--matmul-size", "64", "--dtype", "float32"],
+        capture_output=True, text=True, cwd=ROOT, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(line["candidates"]) == {"torch_reference_fair"}
+    # A few steps into the paper's warm-up: still about an untrained model's loss,
+    # ln(vocab) plus the spread of random logits (the Keras build's first-batch loss
+    # at the cpu preset is ln(4000) + 0.66, run.json's calibration).
+    assert 0.0 < line["final_loss"] - math.log(config.vocab_size) < 1.0, line["final_loss"]
