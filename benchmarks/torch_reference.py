@@ -16,6 +16,15 @@ weights, as `mixed_bfloat16` in Keras; `torch.compile` compiles the model
 One difference from the Keras builds: `nn.Transformer` adds a final
 LayerNorm after each stack (2 of about 40 LayerNorms; no matmul FLOPs).
 
+`--variant fair` is the same model as a PyTorch expert tuning it would write
+(`build_fair`): the Keras builds' layers and dropout and nothing more,
+`F.scaled_dot_product_attention` with `is_causal=True` and no mask when the
+batch has no padding, the cast to float32 and the label-smoothed loss inside
+the compiled function, and with `--compile-mode reduce-overhead` CUDA graphs:
+
+    python benchmarks/torch_reference.py --variant fair --preset base --batch-size 384 \
+        --length 64 --no-padding --matmul-size 8192 --rounds 10 --steps 25
+
 The batch is `_common.make_batch`'s, as in `train_throughput.py`, and the
 output one JSON line in that script's worker format, so its `--json`
 results and these go in one table. Each round times `--steps` steps,
