@@ -271,16 +271,6 @@ def main(argv=None):
 
     def forward_loss(source, target, labels):
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=args.dtype != "float32"):
-            logits = model(source, target)
-        return F.cross_entropy(
-            logits.float().reshape(-1, config.vocab_size),
-            labels.reshape(-1),
-            ignore_index=config.pad_id,
-            label_smoothing=0.1,
-        )
-
-    def plain_loss(source, target, labels):  # the plain variant: only the model compiled
-        with torch.autocast(device.type, dtype=autocast_dtype, enabled=args.dtype != "float32"):
             logits = forward(source, target)
         return F.cross_entropy(
             logits.float().reshape(-1, config.vocab_size),
@@ -289,13 +279,13 @@ def main(argv=None):
             label_smoothing=0.1,
         )
 
-    forward = model
-    step_loss = forward_loss if fair else plain_loss
-    if args.compile:
-        if fair:
-            step_loss = torch.compile(forward_loss, mode=args.compile_mode)
-        else:
-            forward = torch.compile(model)
+    # Compiled: the model alone (plain: as most users write it), or the model and
+    # the loss as one function (fair).
+    forward, step_loss = model, forward_loss
+    if args.compile and fair:
+        step_loss = torch.compile(forward_loss, mode=args.compile_mode)
+    elif args.compile:
+        forward = torch.compile(model)
 
     def train_step():
         loss = step_loss(source, target, labels)
