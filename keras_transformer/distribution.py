@@ -33,6 +33,53 @@ def _set_logical_cpus(count):
         ) from None
 
 
+PROCESS_VARIABLES = (
+    "KERAS_DISTRIBUTION_JOB_ADDRESSES",
+    "KERAS_DISTRIBUTION_NUM_PROCESSES",
+    "KERAS_DISTRIBUTION_PROCESS_ID",
+)
+
+
+def initialize_processes():
+    """Joins this JAX process to the others of its run, where Keras's variables say so.
+
+    Several JAX processes (one per host, or per GPU) train one model when
+    each is started with `KERAS_DISTRIBUTION_JOB_ADDRESSES` (the coordinator's
+    `host:port`, first), `KERAS_DISTRIBUTION_NUM_PROCESSES` and
+    `KERAS_DISTRIBUTION_PROCESS_ID` (Keras's own variables for
+    `keras.distribution.initialize`, which calls `jax.distributed.initialize`).
+    Must run before JAX's first computation. On CPUs the processes exchange
+    gradients over Gloo. Returns the number of processes (1 without them).
+    """
+    if keras.backend.backend() != "jax":
+        return 1
+    count = os.environ.get("KERAS_DISTRIBUTION_NUM_PROCESSES")
+    if count is None or int(count) <= 1:
+        return 1
+    missing = [name for name in PROCESS_VARIABLES if not os.environ.get(name)]
+    if missing:
+        raise ValueError(
+            f"KERAS_DISTRIBUTION_NUM_PROCESSES={count} needs {' and '.join(missing)} as well "
+            "(the coordinator's host:port, and this process's index from 0)."
+        )
+    import jax
+
+    # Collectives between CPU processes (JAX has none there by default); GPUs use NCCL.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    keras.distribution.initialize()
+    return jax.process_count()
+
+
+def process_share():
+    """`(index, count)` of this process among those that feed one batch: under JAX
+    with several processes each gives its own slice of every batch's rows."""
+    if keras.backend.backend() != "jax":
+        return 0, 1
+    import jax
+
+    return jax.process_index(), jax.process_count()
+
+
 def make_strategy(logical_devices=None):
     """The distribution for this process; returns `(strategy or None, description)`.
 
@@ -51,8 +98,16 @@ def make_strategy(logical_devices=None):
             # No distribution: Keras would read batches through its distributed
             # iterator, which drops the one-batch look-ahead of the plain one.
             return None, f"jax on one device: {devices[0]}"
-        keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
-        return None, f"jax DataParallel over {len(devices)} device(s)"
+        import jax
+
+        processes = jax.process_count()
+        # Several processes: each reads its own rows of every batch (`process_share`);
+        # Keras's sharding of a dataset across processes takes tf.data only.
+        keras.distribution.set_distribution(
+            keras.distribution.DataParallel(devices=devices, auto_shard_dataset=processes == 1)
+        )
+        where = f" in {processes} processes" if processes > 1 else ""
+        return None, f"jax DataParallel over {len(devices)} device(s){where}"
     if backend != "tensorflow":
         return None, f"{backend}: single device"
     import tensorflow as tf
@@ -152,7 +207,11 @@ class MultiWorkerTransformer(Transformer):
 
 
 def is_chief_task():
-    """`(is_chief, task_id)` from `TF_CONFIG` (chief = worker 0 or the chief task)."""
+    """`(is_chief, task_id)` from `TF_CONFIG` (chief = worker 0 or the chief task), or
+    under JAX from the process index (chief = process 0)."""
+    index, count = process_share()
+    if count > 1:
+        return index == 0, f"process_{index}"
     config = json.loads(os.environ.get("TF_CONFIG") or "{}")
     task = config.get("task", {})
     task_type, task_id = task.get("type", "worker"), int(task.get("index", 0))

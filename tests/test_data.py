@@ -336,8 +336,8 @@ def test_tf_dataset_and_py_dataset_give_the_same_batches(corpus, pack):
 
 @pytest.mark.parametrize("pack", [False, True])
 def test_the_next_pass_is_planned_ahead_as_inline(corpus, pack):
-    """While pass n trains, pass n + 1 is planned in a thread: the same plan as
-    planned inline, and no pass is planned twice."""
+    """While pass n trains, pass n + 1 is planned in a process of its own: the same
+    plan as planned inline, and no pass is planned twice."""
     data, tokenizer, _ = corpus
     split = tokenize_split(data.splits["train"], tokenizer, max_length=12)
     batches = _batches(split, seed=7, pack=pack)
@@ -351,6 +351,19 @@ def test_the_next_pass_is_planned_ahead_as_inline(corpus, pack):
     assert batches.training_pass(1) is ahead.result() and 1 not in batches._ahead
     assert plain(first) != plain(ahead.result())  # another shuffle
     assert batches._ahead[2] is not None
+
+
+def test_an_error_in_the_planning_process_is_raised_in_training(corpus):
+    import functools
+
+    from keras_transformer.data.pipeline import Planner, plan_batches
+
+    data, tokenizer, _ = corpus
+    split = tokenize_split(data.splits["train"], tokenizer, max_length=12)
+    planner = Planner(functools.partial(plan_batches, batch_tokens=5), split.planning(), seed=0)
+    with pytest.raises(ValueError, match="batch_tokens=5 must be at least"):
+        planner.submit(1).result()
+    assert planner.submit(2) is not None  # the process lives on after an error
 
 
 def test_too_few_pairs_for_a_training_batch_is_an_error(corpus):

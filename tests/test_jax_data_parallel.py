@@ -104,3 +104,91 @@ def test_train_py_over_two_jax_devices(tmp_path):
     assert "over 2 device(s)" in info["training"]["distribution"]
     losses = info["history"]["loss"]
     assert losses[-1] < losses[0], losses
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _h5_arrays(path):
+    import h5py
+
+    arrays = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(
+            lambda name, item: (
+                arrays.update({name: item[()]}) if isinstance(item, h5py.Dataset) else None
+            )
+        )
+    return arrays
+
+
+def test_two_jax_processes_train_the_weights_of_one_process_over_two_devices(tmp_path):
+    """`jax.distributed` on localhost (Keras's KERAS_DISTRIBUTION_* variables, Gloo
+    between the CPU processes): each process feeds its half of every batch's rows,
+    and two processes of one device each end on the weights, bit for bit, of one
+    process over two devices; only process 0 writes the work directory."""
+    import numpy as np
+
+    corpus = write_parallel_folder(tmp_path / "numbers", sizes=(400, 20, 20))
+    args = [
+        os.path.join(ROOT, "train.py"), "--preset", "tiny", "--vocab-size", "64",
+        "--batch-tokens", "256", "--epochs", "2", "--steps", "10",
+        "--validation-bleu-every", "0", "--test-samples", "4", "--beam-size", "2",
+        "--no-export", "--data-dir", str(corpus),
+    ]  # fmt: skip
+    one = _run(args + ["--work-dir", str(tmp_path / "one")])
+    assert one.returncode == 0, (one.stdout + one.stderr)[-4000:]
+
+    work = tmp_path / "two"
+    address = f"127.0.0.1:{_free_port()}"
+    processes = []
+    for index in range(2):
+        env = dict(
+            os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
+            OMP_NUM_THREADS="1", KERAS_DISTRIBUTION_JOB_ADDRESSES=address,
+            KERAS_DISTRIBUTION_NUM_PROCESSES="2", KERAS_DISTRIBUTION_PROCESS_ID=str(index),
+        )  # fmt: skip
+        env.pop("TF_CONFIG", None)
+        env.pop("XLA_FLAGS", None)
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, *args, "--work-dir", str(work)],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )  # fmt: skip
+        )
+    outputs = []
+    for process in processes:
+        try:
+            outputs.append(process.communicate(timeout=600)[0])
+        except subprocess.TimeoutExpired:
+            for p in processes:
+                p.kill()
+            pytest.fail("two JAX processes did not finish in time")
+    for process, output in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, output[-4000:]
+
+    info = json.loads((work / "run.json").read_text())
+    assert info["training"]["distribution"] == "jax DataParallel over 2 device(s) in 2 processes"
+    assert info["training"]["num_replicas"] == 2
+    worker = work / "workers" / "process_1"
+    assert not (worker / "run.json").exists() and not (worker / "model.keras").exists()
+    chief = _h5_arrays(work / "checkpoints" / "epoch_002.weights.h5")
+    single = _h5_arrays(tmp_path / "one" / "checkpoints" / "epoch_002.weights.h5")
+    second = _h5_arrays(worker / "checkpoints" / "epoch_002.weights.h5")
+    assert chief.keys() == single.keys() == second.keys() and len(chief) > 10
+    for name, value in chief.items():
+        np.testing.assert_array_equal(value, second[name], err_msg=name)
+        np.testing.assert_array_equal(value, single[name], err_msg=name)
+    assert (
+        info["history"]["loss"]
+        == json.loads((tmp_path / "one" / "run.json").read_text())["history"]["loss"]
+    )

@@ -19,7 +19,9 @@ def make_dataset(batches):
     # Ahead only where a device runs the step: on a CPU the assembling thread takes
     # cores from the step itself (benchmarks/host_overhead.py: 5.7 ms a step against
     # 5.0 inline on 2 cores), as Keras's own look-ahead is off on CPU.
-    return PyDataset(batches, ahead=2 if _on_accelerator() else 0)
+    from keras_transformer.distribution import process_share
+
+    return PyDataset(batches, ahead=2 if _on_accelerator() else 0, process=process_share())
 
 
 def _on_accelerator():
@@ -56,10 +58,17 @@ class PyDataset(_py_dataset_base()):
     inline read gives (tests/test_data.py). Keras's own workers are not
     used: with more than one its enqueuer drops and refetches indices
     between epochs, which would break the one stream of batches.
+
+    `process=(index, count)`: where several JAX processes train one model,
+    each gives Keras its own contiguous slice of every batch's rows (the
+    batch is planned and assembled alike in all of them, from the same
+    seed), which `keras.distribution.DataParallel` puts together into the
+    global batch.
     """
 
-    def __init__(self, batches, ahead=2):
+    def __init__(self, batches, ahead=2, process=(0, 1)):
         super().__init__(workers=1, use_multiprocessing=False)
+        self.process = process
         self.batches = batches
         self.tokenized = batches.tokenized
         self._evaluation = None if batches.training else batches.evaluation()
@@ -76,10 +85,25 @@ class PyDataset(_py_dataset_base()):
 
     def __getitem__(self, index):
         if self._evaluation is not None:
-            return self._evaluation[index]
+            return self._share(self._evaluation[index])
         if self._ahead is not None:
-            return self._ahead.get(index)
-        return self.batches.batch(index)
+            return self._share(self._ahead.get(index))
+        return self._share(self.batches.batch(index))
+
+    def _share(self, batch):
+        """This process's rows of `batch` (all of them in a one-process run)."""
+        index, count = self.process
+        if count == 1:
+            return batch
+        features, labels = batch
+        rows = len(labels)
+        if rows % count:
+            raise ValueError(
+                f"A batch of {rows} rows does not divide among {count} processes; "
+                "use packed batches (the default) or a device count that divides it."
+            )
+        share = slice(index * rows // count, (index + 1) * rows // count)
+        return {name: value[share] for name, value in features.items()}, labels[share]
 
     @property
     def input_wait_seconds(self):
@@ -87,7 +111,7 @@ class PyDataset(_py_dataset_base()):
         return None if self._ahead is None else self._ahead.waited_seconds
 
     def evaluation(self):
-        """One evaluation pass as a list of batches."""
+        """One evaluation pass as a list of batches (the whole batches, in every process)."""
         return list(self._evaluation)
 
 

@@ -28,7 +28,6 @@ exact length each padded less (10.7% against 12.1%) but learned less per
 step than batches of a length range.
 """
 
-import concurrent.futures
 import dataclasses
 import functools
 import logging
@@ -59,6 +58,34 @@ class TokenizedSplit:
 
     def __len__(self):
         return len(self.lengths)
+
+    def planning(self):
+        """What planning batches reads (`PlanningLengths`): the lengths, not the tokens."""
+        return PlanningLengths(
+            self.lengths, np.diff(self.source_offsets), np.diff(self.target_offsets) + 1
+        )
+
+
+@dataclasses.dataclass
+class PlanningLengths:
+    """The lengths of a split's pairs, all that `plan_batches` and
+    `plan_packed_batches` read: small enough to hand to the planning process.
+
+    Attributes:
+        lengths: (N,) the batch width each pair needs.
+        source_lengths: (N,) source positions (pieces + EOS).
+        target_lengths: (N,) target positions (BOS + pieces, pieces + EOS).
+    """
+
+    lengths: np.ndarray
+    source_lengths: np.ndarray
+    target_lengths: np.ndarray
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def planning(self):
+        return self
 
 
 def _flat(rows):
@@ -186,17 +213,28 @@ def plan_batches(
     return batches
 
 
+def _spans(flat, offsets, indices):
+    """The tokens of pairs `indices`, concatenated, and each token's pair (0..len-1)
+    and position in its pair: one gather, no loop over pairs."""
+    starts = offsets[indices]
+    counts = offsets[indices + 1] - starts
+    pair = np.repeat(np.arange(len(indices)), counts)
+    ends = np.cumsum(counts)
+    position = np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - counts, counts)
+    return flat[starts[pair] + position], pair, position, counts
+
+
 def _pad(flat, offsets, indices, prefix=None, suffix=None):
-    starts, ends = offsets[indices], offsets[indices + 1]
+    tokens, pair, position, counts = _spans(flat, offsets, np.asarray(indices))
     extra = (prefix is not None) + (suffix is not None)
-    out = np.zeros((len(indices), int((ends - starts).max()) + extra), dtype=np.int32)
-    for row, (start, end) in enumerate(zip(starts, ends, strict=True)):
-        column = 0
-        if prefix is not None:
-            out[row, 0], column = prefix, 1
-        out[row, column : column + end - start] = flat[start:end]
-        if suffix is not None:
-            out[row, column + end - start] = suffix
+    out = np.zeros((len(counts), int(counts.max()) + extra), dtype=np.int32)
+    shift = int(prefix is not None)
+    out[pair, position + shift] = tokens
+    rows = np.arange(len(counts))
+    if prefix is not None:
+        out[:, 0] = prefix
+    if suffix is not None:
+        out[rows, counts + shift] = suffix
     return out
 
 
@@ -282,9 +320,8 @@ def plan_packed_batches(split, batch_tokens, num_replicas=1, rng=None, drop_rema
         list of `(width, rows)`, `rows` a list of lists of pair indices.
     """
     max_length = int(split.lengths.max()) if len(split) else 1
-    rows, row_widths = pack_rows(
-        np.diff(split.source_offsets), np.diff(split.target_offsets) + 1, max_length, rng
-    )
+    sides = split.planning()
+    rows, row_widths = pack_rows(sides.source_lengths, sides.target_lengths, max_length, rng)
     batches = []
     for width in np.unique(row_widths):
         members = np.flatnonzero(row_widths == width)
@@ -321,35 +358,147 @@ def _rows_for_replicas(rows, num_replicas):
 
 def assemble_packed(split, width, rows, bos_id=2, eos_id=3):
     """The `(B, width)` arrays of packed rows: `(features, labels)`, the features
-    with the model's `PACKING_KEYS` besides `source_ids` and `target_ids`."""
+    with the model's `PACKING_KEYS` besides `source_ids` and `target_ids`.
+
+    Vectorized: one gather and one scatter per array, whatever the number of
+    pairs (a loop over pairs took 1.3 ms for the `small` preset's batch on a
+    Zen 5 core; benchmarks/host_overhead.py).
+    """
     shape = (len(rows), width)
-    arrays = {
-        name: np.zeros(shape, dtype=np.int32)
-        for name in ("source_ids", "target_ids", "labels", "source_segment_ids",
-                     "target_segment_ids", "source_positions", "target_positions")
-    }  # fmt: skip
-    source, target = split.source, split.target
-    source_offsets, target_offsets = split.source_offsets, split.target_offsets
-    for r, row in enumerate(rows):
-        s_at = t_at = 0
-        for segment, i in enumerate(row, 1):
-            pieces = source[source_offsets[i] : source_offsets[i + 1]]  # with EOS
-            n = len(pieces)
-            arrays["source_ids"][r, s_at : s_at + n] = pieces
-            arrays["source_segment_ids"][r, s_at : s_at + n] = segment
-            arrays["source_positions"][r, s_at : s_at + n] = np.arange(n)
-            s_at += n
-            pieces = target[target_offsets[i] : target_offsets[i + 1]]
-            m = len(pieces) + 1  # BOS + pieces, pieces + EOS
-            arrays["target_ids"][r, t_at] = bos_id
-            arrays["target_ids"][r, t_at + 1 : t_at + m] = pieces
-            arrays["labels"][r, t_at : t_at + m - 1] = pieces
-            arrays["labels"][r, t_at + m - 1] = eos_id
-            arrays["target_segment_ids"][r, t_at : t_at + m] = segment
-            arrays["target_positions"][r, t_at : t_at + m] = np.arange(m)
-            t_at += m
-    labels = arrays.pop("labels")
-    return arrays, labels
+    counts = np.fromiter((len(row) for row in rows), dtype=np.int64, count=len(rows))
+    pairs = np.fromiter((i for row in rows for i in row), dtype=np.int64, count=int(counts.sum()))
+    row_of = np.repeat(np.arange(len(rows)), counts)
+    first = np.repeat(np.cumsum(counts) - counts, counts)  # each pair's row's first pair
+    segment = (np.arange(len(pairs)) - first + 1).astype(np.int32)
+    features, labels = {}, np.zeros(shape, dtype=np.int32)
+    for side in ("source", "target"):
+        flat, offsets = getattr(split, side), getattr(split, f"{side}_offsets")
+        tokens, pair, position, lengths = _spans(flat, offsets, pairs)
+        extra = int(side == "target")  # BOS + pieces, pieces + EOS
+        # Where each pair starts in its row: the lengths of the pairs before it in the row.
+        ends = np.cumsum(lengths + extra)
+        start = ends - (lengths + extra) - (ends - (lengths + extra))[first]
+        ids, segments, positions = (np.zeros(shape, dtype=np.int32) for _ in range(3))
+        if extra:
+            at = start + lengths  # one past the last piece: EOS in the labels
+            ids[row_of, start] = bos_id
+            labels[row_of, at] = eos_id
+            labels[row_of[pair], start[pair] + position] = tokens
+            taken = np.repeat(row_of, lengths + 1), _ranges(start, lengths + 1)
+        else:
+            taken = np.repeat(row_of, lengths), _ranges(start, lengths)
+        ids[row_of[pair], start[pair] + position + extra] = tokens
+        segments[taken] = np.repeat(segment, lengths + extra)
+        positions[taken] = _ranges(np.zeros_like(start), lengths + extra)
+        features[f"{side}_ids"] = ids
+        features[f"{side}_segment_ids"] = segments
+        features[f"{side}_positions"] = positions
+    order = ("source_ids", "target_ids", "source_segment_ids", "target_segment_ids",
+             "source_positions", "target_positions")  # fmt: skip
+    return {name: features[name] for name in order}, labels
+
+
+def _ranges(starts, counts):
+    """`concatenate([arange(s, s + n) for s, n in zip(starts, counts)])`, vectorized."""
+    ends = np.cumsum(counts)
+    return np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - counts - starts, counts)
+
+
+def _plan_pass(plan, split, seed, number):
+    """Training pass `number`'s plan: `plan(split, rng=...)` shuffled from `(seed, number)`."""
+    return plan(split, rng=np.random.default_rng([seed, number]), drop_remainder=True)
+
+
+def _planning_process(connection, plan, split):
+    """The planning process's loop: `(seed, number)` in, the pass's plan (or the error) out;
+    ends when the training process closes its end or goes."""
+    try:
+        while True:
+            seed, number = connection.recv()
+            try:
+                answer = (_plan_pass(plan, split, seed, number), None)
+            except Exception as error:  # noqa: BLE001 - sent back, raised there
+                answer = (None, error)
+            connection.send(answer)
+    except (EOFError, OSError):  # BrokenPipeError included: nobody waits for the plan
+        return
+
+
+class Planner:
+    """Plans training passes in a process of its own, one request at a time.
+
+    A daemon process started with `spawn` (never `fork`: the training process
+    runs JAX's, TensorFlow's or torch's threads), which imports numpy and
+    this module alone and holds only the split's lengths (`PlanningLengths`),
+    not its tokens. It ends with the training process, or when its `Batches`
+    is collected (`close`).
+
+    Args:
+        plan: `functools.partial` of `plan_batches` or `plan_packed_batches`,
+            without its split (picklable).
+        lengths: `PlanningLengths` of the split.
+        seed: of the shuffling.
+    """
+
+    def __init__(self, plan, lengths, seed):
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        self._connection, child = context.Pipe()
+        self._process = context.Process(
+            target=_planning_process, args=(child, plan, lengths), daemon=True,
+            name="plan_passes",
+        )  # fmt: skip
+        self._process.start()
+        child.close()
+        self.seed = seed
+        self._pending = None
+
+    def close(self):
+        """Stops the process (also when the `Batches` that made it is collected)."""
+        self._connection.close()
+        if self._process.is_alive():
+            self._process.terminate()
+        self._process.join(timeout=5)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit modules may be gone
+            pass
+
+    def submit(self, number):
+        """Starts planning pass `number`; returns an object whose `result()` waits for it."""
+        if self._pending is not None:
+            raise RuntimeError("The planner plans one pass at a time: take the last one first.")
+        self._connection.send((self.seed, number))
+        self._pending = number
+        return _PlannedPass(self, number)
+
+    def _take(self, number):
+        if self._pending != number:
+            raise RuntimeError(f"Pass {number} was not asked of the planner.")
+        try:
+            plan, error = self._connection.recv()
+        except EOFError:
+            raise RuntimeError(
+                f"The batch-planning process died while planning pass {number} "
+                f"(exit code {self._process.exitcode})."
+            ) from None
+        self._pending = None
+        if error is not None:
+            raise error
+        return plan
+
+
+class _PlannedPass:
+    def __init__(self, planner, number):
+        self._planner, self._number, self._plan = planner, number, None
+
+    def result(self):
+        if self._plan is None:
+            self._plan = self._planner._take(self._number)
+        return self._plan
 
 
 class InputTimer:
@@ -407,17 +556,21 @@ class Batches:
         self.pack = pack
         self.timer = timer
         self._ids = (bos_id, eos_id)
+        # Without the split, so that it pickles for the `Planner` as it is.
         if pack:
-            self._plan = functools.partial(plan_packed_batches, split, batch_tokens, num_replicas)
+            self._plan = functools.partial(
+                plan_packed_batches, batch_tokens=batch_tokens, num_replicas=num_replicas
+            )
         else:
             self._plan = functools.partial(
-                plan_batches, split, batch_tokens, num_replicas, boundaries=boundaries
-            )
+                plan_batches, batch_tokens=batch_tokens, num_replicas=num_replicas,
+                boundaries=boundaries,
+            )  # fmt: skip
         self._passes = {}  # pass number -> its plan (training; the last two kept)
-        self._ahead = {}  # pass number -> the future of its plan, made in `_planner`
+        self._ahead = {}  # pass number -> its plan to come, made by `_planner`
         self._planner = None
         self._starts = [0]  # index of the first batch of each planned pass
-        self._evaluation = None if training else self._plan()
+        self._evaluation = None if training else self._plan(split)
 
     @property
     def feature_names(self):
@@ -446,10 +599,12 @@ class Batches:
     def training_pass(self, number):
         """The plan of training pass `number` (0, 1, ...): shuffled from `(seed, number)`.
 
-        Planning a pass of Ding's 377k pairs takes 5 to 10 s of Python; the
-        next pass is planned in a thread while this one trains (the same plan
-        as inline: it depends on `(seed, number)` alone), so the step that
-        crosses into it does not wait for it.
+        Planning a pass of Ding's 377k packed pairs takes about 5 s of Python
+        (`pack_rows`); the next pass is planned in a process of its own
+        (`Planner`) while this one trains, so neither the step that crosses
+        into it nor, on a GPU, the steps before it (a planning thread would
+        hold the GIL they need) wait for it. The plan is the one made inline:
+        it depends on `(seed, number)` alone.
         """
         if number not in self._passes:
             ahead = self._ahead.pop(number, None)
@@ -458,12 +613,12 @@ class Batches:
                 del self._passes[old]
         if number + 1 not in self._passes and number + 1 not in self._ahead:
             if self._planner is None:
-                self._planner = concurrent.futures.ThreadPoolExecutor(1, "plan_next_pass")
-            self._ahead[number + 1] = self._planner.submit(self._plan_pass, number + 1)
+                self._planner = Planner(self._plan, self.tokenized.planning(), self.seed)
+            self._ahead[number + 1] = self._planner.submit(number + 1)
         return self._passes[number]
 
     def _plan_pass(self, number):
-        return self._plan(rng=np.random.default_rng([self.seed, number]), drop_remainder=True)
+        return _plan_pass(self._plan, self.tokenized, self.seed, number)
 
     def batch(self, index):
         """Training batch `index` of the endless stream (0, 1, ...)."""
@@ -525,8 +680,8 @@ def plan_statistics(
 
 def statistics_of_plan(split, plan, pack=False):
     """`plan_statistics` of a plan already made (`Batches.training_pass`)."""
-    source_lengths = np.diff(split.source_offsets)
-    target_lengths = np.diff(split.target_offsets) + 1
+    sides = split.planning()
+    source_lengths, target_lengths = sides.source_lengths, sides.target_lengths
     if pack:
         pairs = [np.concatenate([np.asarray(row) for row in rows]) for _, rows in plan]
         positions = sum(2 * width * len(rows) for width, rows in plan)

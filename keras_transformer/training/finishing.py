@@ -48,12 +48,27 @@ def finish(model, config, work, inputs, is_chief):
 
 def plain_float32(model):
     """The trained model as a plain float32 `Transformer` (same config and weights),
-    for evaluation, saving and export; `model` itself when it already is one."""
-    if type(model) is Transformer and model.dtype_policy.name == "float32":
+    for evaluation, saving and export; `model` itself when it already is one.
+
+    Where several JAX processes trained it, the copy is this process's own: the
+    weights, replicated on every device, are read here, and the distribution is
+    left (`keras.distribution.set_distribution(None)`), so that what follows
+    (averaging, the test decode, saving) runs in each process alone instead
+    of waiting for the others at every computation.
+    """
+    from keras_transformer.distribution import process_share
+
+    processes = process_share()[1]
+    if type(model) is Transformer and model.dtype_policy.name == "float32" and processes == 1:
         return model
+    weights = model.get_weights()
+    if processes > 1:
+        import keras
+
+        keras.distribution.set_distribution(None)
     plain = Transformer.from_config(dict(model.get_config(), dtype="float32"))
     plain.build()
-    plain.set_weights(model.get_weights())
+    plain.set_weights(weights)
     return plain
 
 

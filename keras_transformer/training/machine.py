@@ -5,7 +5,12 @@ import logging
 
 import keras
 
-from keras_transformer.distribution import is_chief_task, make_strategy, num_replicas
+from keras_transformer.distribution import (
+    initialize_processes,
+    is_chief_task,
+    make_strategy,
+    num_replicas,
+)
 from keras_transformer.hardware import configure_threads, describe_cpu
 
 logger = logging.getLogger(__name__)
@@ -34,6 +39,7 @@ class Machine:
 
 def set_up_machine(seed, logical_devices=None):
     """Threads (before TensorFlow runs its first op), the seed and the distribution."""
+    initialize_processes()  # before JAX's first computation
     cpu = describe_cpu()
     threads = {}
     if keras.backend.backend() == "tensorflow":
