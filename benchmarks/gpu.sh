@@ -14,10 +14,11 @@
 #    for a CPU machine to export;
 # 3. this package under Keras's torch backend, with what time is left.
 #
-# STEPS="ding" (any of: jax torch_reference torch_fair torch_fair_graphs ding
-# torch_backend) runs only those. Everything takes more than one 10-minute slot now:
-# run it as two calls, e.g. STEPS="jax torch_reference torch_fair torch_fair_graphs"
-# then STEPS="ding torch_backend".
+# STEPS="ding" (any of: jax jax_dropout jax_rbg torch_reference torch_fair
+# torch_fair_graphs ding torch_backend) runs only those. Everything takes more than
+# one 10-minute slot: run it as three calls, STEPS="jax jax_dropout jax_rbg", then
+# STEPS="torch_reference torch_fair torch_fair_graphs", then STEPS="ding torch_backend"
+# (about 8, 9 and 5 minutes; more than one session's 15 minutes of device time).
 #
 # On a machine without TensorFlow or Keras (the lent GPU machine), wheels in .whl/
 # (keras, keras-hub, namex, optree, kagglehub, kagglesdk) are installed to
@@ -35,7 +36,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site:$PWD
 fi
 
-STEPS=${STEPS:-"jax torch_reference torch_fair torch_fair_graphs ding torch_backend"}
+STEPS=${STEPS:-"jax jax_dropout jax_rbg torch_reference torch_fair torch_fair_graphs ding torch_backend"}
 step() {  # step NAME SECONDS COMMAND...: runs COMMAND under a time limit, logged
   local name=$1 limit=$2
   shift 2
@@ -52,6 +53,13 @@ BASE=${BASE:-"--preset base --batch-size 384 --length 64 --no-padding --matmul-s
 step jax 170 python3 benchmarks/train_throughput.py --backends jax $BASE --dtype mixed_bfloat16 \
   --candidates keras_transformer,keras_transformer_fused,keras_hub --rounds 5 --steps 5 \
   --peak-tflops 989 --json "$OUT/throughput_jax.json"
+# Dropout's share of the step: without dropout, and with its masks from RngBitGenerator.
+step jax_dropout 150 python3 benchmarks/train_throughput.py --backends jax $BASE \
+  --dtype mixed_bfloat16 --candidates keras_transformer --rounds 5 --steps 5 --dropout 0 \
+  --peak-tflops 989 --json "$OUT/throughput_jax_dropout0.json"
+step jax_rbg 150 python3 benchmarks/train_throughput.py --backends jax $BASE \
+  --dtype mixed_bfloat16 --candidates keras_transformer --rounds 5 --steps 5 \
+  --dropout-bits rbg --peak-tflops 989 --json "$OUT/throughput_jax_rbg.json"
 step torch_reference 140 python3 benchmarks/torch_reference.py $BASE --rounds 5 --steps 5 \
   --json "$OUT/torch_reference.json"
 # The tuned reference (SDPA with is_causal, the Keras builds' dropout only, the loss

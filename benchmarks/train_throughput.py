@@ -75,6 +75,13 @@ def parse_args(argv=None):
     )
     parser.add_argument("--fused-attention", action="store_true", help="use_fused_attention=True")
     parser.add_argument(
+        "--dropout-bits",
+        choices=("threefry", "rbg"),
+        default="threefry",
+        help="under JAX, the package's dropout masks from ThreeFry (Keras's) or XLA's "
+        "RngBitGenerator (`layers.dropout.Dropout.jax_bits`)",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=0,
@@ -118,6 +125,9 @@ def worker(args):
     _common.set_threads(args.threads)
     keras.utils.set_random_seed(0)
     keras.config.set_dtype_policy(args.dtype)
+    from keras_transformer.layers.dropout import Dropout
+
+    Dropout.jax_bits = args.dropout_bits
     config = config_from(args)
     x, y = _common.make_batch(
         config, args.batch_size, args.length, args.length, padding=not args.no_padding
@@ -155,6 +165,7 @@ def worker(args):
         "backend": keras.backend.backend(),
         "device": _device_name(),
         "jit_compile": args.jit,
+        "dropout_bits": args.dropout_bits,
         "dtype": args.dtype,
         "threads": args.threads,
         "tokens_per_step": tokens,

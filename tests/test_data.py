@@ -439,6 +439,29 @@ def test_an_epoch_takes_each_pair_at_most_once_and_evaluation_all_once(
     assert stats["batches"] == len(first) and 0.0 <= stats["padding_share"] < 0.5
 
 
+def test_assembled_batches_are_the_pairs_tokens_written_out_one_by_one(corpus):
+    """`assemble` (numpy gathers, no loop over pairs) against the batch written
+    pair by pair in Python: source + EOS, BOS + target, target + EOS, zeros after."""
+    from keras_transformer.data.pipeline import assemble
+
+    data, tokenizer, _ = corpus
+    split = tokenize_split(data.splits["train"], tokenizer, max_length=40)
+    indices = np.random.default_rng(3).choice(len(split), size=37, replace=False)
+    features, labels = assemble(split, indices, bos_id=2, eos_id=3)
+    sources = [split.source[split.source_offsets[i] : split.source_offsets[i + 1]] for i in indices]
+    targets = [split.target[split.target_offsets[i] : split.target_offsets[i + 1]] for i in indices]
+    width = max(len(t) for t in targets) + 1
+    assert features["source_ids"].shape == (37, max(len(s) for s in sources))
+    assert features["target_ids"].shape == labels.shape == (37, width)
+    for r, (source, target) in enumerate(zip(sources, targets, strict=True)):
+        source, target = source.tolist(), target.tolist()
+        pad = [0] * (features["source_ids"].shape[1] - len(source))
+        assert features["source_ids"][r].tolist() == source + pad
+        assert source[-1] == 3  # the source's EOS is in the split already
+        assert features["target_ids"][r].tolist() == [2] + target + [0] * (width - 1 - len(target))
+        assert labels[r].tolist() == target + [3] + [0] * (width - 1 - len(target))
+
+
 @pytest.mark.parametrize("num_replicas", [1, 2])
 def test_packed_rows_hold_each_pair_once_within_their_width(corpus, num_replicas):
     from keras_transformer.data.pipeline import assemble, assemble_packed, plan_packed_batches

@@ -225,3 +225,36 @@ def test_transformer_compiled_with_xla_draws_dropout_with_threefry():
     for jit_compile in (True, False):
         model.compile(optimizer="adam", loss="mse", jit_compile=jit_compile)
         assert all(layer.use_threefry is jit_compile for layer in dropouts)
+
+
+RBG_DROPOUT = r"""
+import jax, keras, numpy as np
+from keras_transformer.layers.dropout import Dropout
+
+Dropout.jax_bits = "rbg"
+layer = Dropout(0.3, seed=1)
+x = np.ones((64, 32, 64), "float32")
+first = np.asarray(layer(x, training=True))
+second = np.asarray(layer(x, training=True))
+assert set(np.unique(first)) == {0.0, np.float32(1 / 0.7)}, np.unique(first)
+assert abs((first == 0).mean() - 0.3) < 0.01, (first == 0).mean()
+assert (first != second).any()  # a new mask at every call
+np.testing.assert_array_equal(layer(x, training=False), x)
+again = Dropout(0.3, seed=1)
+np.testing.assert_array_equal(np.asarray(again(x, training=True)), first)  # the seed decides
+print("ok")
+"""
+
+
+def test_rbg_dropout_under_jax_drops_at_the_rate_and_rescales():
+    """`Dropout.jax_bits = "rbg"` (XLA's RngBitGenerator under JAX): the rate and
+    scaling of `keras.layers.Dropout`, a new mask per call, one mask per seed."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, KERAS_BACKEND="jax")
+    result = subprocess.run(
+        [sys.executable, "-c", RBG_DROPOUT], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
