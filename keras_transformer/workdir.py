@@ -9,7 +9,7 @@ and `--init-from` read it, all through this module:
     <work_dir>/checkpoints/    one checkpoint per epoch: epoch_NNN.weights.h5
     <work_dir>/backup/         BackupAndRestore state: a killed run resumes from here
     <work_dir>/logs/           TensorBoard (loss, learning rate, validation BLEU)
-    <work_dir>/data/           the corpus's tokenized splits (*.npz), its held-out text and digests
+    <work_dir>/data/           the corpus's tokenized splits (a folder each), its held-out text and digests
     <work_dir>/tfds/           TFDS-prepared corpora
     <work_dir>/workers/<task>/ what worker <task> of a multi-worker run writes
 
@@ -23,6 +23,7 @@ tokenizer are imported by the functions that load them.
 
 import dataclasses
 import json
+import logging
 import os
 import re
 
@@ -188,7 +189,10 @@ def claim(work_dir, corpus):
     A work directory belongs to one corpus, direction and vocabulary size
     (`corpus`, a dict written to `corpus.json` by the first run there). A
     run of another one stops before it writes anything, with one line that
-    says what differs and what to do.
+    says what differs and what to do. A directory only prepared
+    (`--prepare-only`: no checkpoint, backup, model or run record yet) is
+    prepared again for the new corpus, with a log line: its vocabulary is
+    removed, and its shards are remade since their manifest no longer matches.
 
     Raises:
         ValueError: naming what differs.
@@ -215,6 +219,17 @@ def claim(work_dir, corpus):
         for key, value in corpus.items()
         if recorded.get(key) != value
     ]
+    trained = [name for name in (MODEL, RUN_RECORD, BACKUP, CHECKPOINTS)
+               if os.path.exists(work._join(name))]  # fmt: skip
+    if differences and not trained:
+        logging.getLogger(__name__).warning(
+            "%s was prepared for other data (%s): preparing it again.",
+            work.path, "; ".join(differences),
+        )  # fmt: skip
+        if os.path.exists(work.vocabulary):
+            os.remove(work.vocabulary)
+        _write_json(work.corpus, corpus)
+        return
     if differences:
         raise ValueError(
             f"{work.path} belongs to another run's data ({'; '.join(differences)}); use a new "

@@ -56,7 +56,7 @@ def _check_run(result, work_dir):
     assert losses[-1] < losses[0], losses
     assert 0.0 <= info["metrics"]["test"]["chrf"] <= 100.0
     assert "No export: the SavedModel and ONNX exporters trace the model with TensorFlow" in output
-    assert (work_dir / "data" / "train.npz").exists()
+    assert (work_dir / "data" / "train" / "source.bin").exists()
     return info, output
 
 

@@ -6,7 +6,7 @@ besides the training pairs (`write_corpus`: languages, counts, each
 split's digest, the held-out splits' text, to
 `<work_dir>/data/held_out.json`) and tokenizes its training and validation
 pairs with the `sentencepiece` package (`tokenized_splits`, each split's
-flat token arrays to `<work_dir>/data/<split>.npz`); later runs (a resumed
+flat token arrays to the folder `<work_dir>/data/<split>/`, `data.binarize`); later runs (a resumed
 or continued run) read both back and never read the corpus's text. Each names what it
 was made from (the corpus's source files and the parser; the vocabulary
 file, the pairs and the settings), and a difference in any of them makes
@@ -25,7 +25,7 @@ from keras_transformer.data.pipeline import TokenizedSplit, tokenize_split
 
 logger = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2  # 2: a folder of raw token files per split (`data.binarize`), memory-mapped
 CORPUS = "held_out.json"  # a parsed corpus but its training pairs (`write_corpus`)
 _ARRAYS = ("source", "source_offsets", "target", "target_offsets", "lengths")
 
@@ -79,8 +79,9 @@ def source_identity(dataset="ding", data_dir=None, direction=None, ding_path=Non
 
 def read_corpus(folder, source):
     """The `TranslationData` that `write_corpus` left in `folder` for the same
-    `source` (a JSON-able identity of what was parsed: `sources.source_identity`),
-    without its training pairs (no "train" in `splits`), or None."""
+    `source` (a JSON-able identity of what was parsed: `sources.source_identity`;
+    None: whatever was parsed, when the corpus's files are gone), without its
+    training pairs (no "train" in `splits`), or None."""
     from keras_transformer.data.sources import TranslationData
 
     try:
@@ -88,7 +89,7 @@ def read_corpus(folder, source):
             cached = json.load(f)
     except (OSError, ValueError):
         return None
-    if cached.get("format") != FORMAT or cached.get("source") != source:
+    if cached.get("format") != FORMAT or (source is not None and cached.get("source") != source):
         return None
     fields = cached["data"]
     fields["splits"] = {name: [tuple(p) for p in pairs] for name, pairs in fields["splits"].items()}
@@ -125,22 +126,22 @@ def _write_json(path, value):
 
 
 def save_split(split, path):
-    """Writes a `TokenizedSplit` to `path` (.npz), atomically."""
-    temporary = f"{path}.tmp{os.getpid()}.npz"
-    arrays = {name: getattr(split, name) for name in _ARRAYS}
-    np.savez(temporary, dropped=np.int64(split.dropped), **arrays)
-    os.replace(temporary, path)
+    """Writes a `TokenizedSplit` to the split folder `path` (`binarize.save`), atomically."""
+    from keras_transformer.data import binarize
+
+    binarize.save(split, path)
 
 
 def load_split(path):
-    """The `TokenizedSplit` written by `save_split`."""
-    with np.load(path) as arrays:
-        return TokenizedSplit(
-            **{name: arrays[name] for name in _ARRAYS}, dropped=int(arrays["dropped"])
-        )
+    """The `TokenizedSplit` written by `save_split`, its tokens memory-mapped."""
+    from keras_transformer.data import binarize
+
+    return binarize.load(path)
 
 
-def tokenized_splits(folder, splits, tokenizer, max_length, eos_id, pairs_identity=None):
+def tokenized_splits(
+    folder, splits, tokenizer, max_length, eos_id, pairs_identity=None, workers=None
+):
     """The `TokenizedSplit` of each of `splits`, read from `folder` when it was
     made from the same pairs, vocabulary and settings, else tokenized and written there.
 
@@ -148,7 +149,9 @@ def tokenized_splits(folder, splits, tokenizer, max_length, eos_id, pairs_identi
         folder: usually `<work_dir>/data`.
         splits: dict name -> list of `(source, target)` strings, or -> a callable
             that returns it, called only when the split must be tokenized (a
-            reused work directory then never reads its corpus's text).
+            reused work directory then never reads its corpus's text). A
+            split that is not a list (a `text_files.TrainStream`) is tokenized
+            in chunks on `workers` processes (`binarize.tokenize_to_files`).
         tokenizer: a `SentencePieceTokenizer` (its `path` is digested).
         pairs_identity: what names the pairs of `splits` (JSON-able; e.g. the
             corpus's digests and how its sentences were repeated); None: the
@@ -172,12 +175,26 @@ def tokenized_splits(folder, splits, tokenizer, max_length, eos_id, pairs_identi
     except (OSError, ValueError):
         manifest = None
     if manifest == expected:
-        tokenized = {name: load_split(os.path.join(folder, f"{name}.npz")) for name in splits}
+        tokenized = {name: load_split(os.path.join(folder, name)) for name in splits}
         return tokenized, True
+    if manifest is not None:
+        logger.info(
+            "The tokenized splits in %s were made from other pairs, vocabulary or settings "
+            "(%s differ): tokenizing again", folder,
+            ", ".join(k for k in expected if manifest.get(k) != expected[k]),
+        )  # fmt: skip
+    from keras_transformer.data import binarize
+
     tokenized = {}
     for name, pairs in splits.items():
         pairs = pairs() if callable(pairs) else pairs
-        tokenized[name] = tokenize_split(pairs, tokenizer, max_length, eos_id=eos_id)
-        save_split(tokenized[name], os.path.join(folder, f"{name}.npz"))
+        path = os.path.join(folder, name)
+        if isinstance(pairs, list):
+            save_split(tokenize_split(pairs, tokenizer, max_length, eos_id=eos_id), path)
+            tokenized[name] = load_split(path)
+        else:
+            tokenized[name] = binarize.tokenize_to_files(
+                pairs, tokenizer.path, path, max_length, eos_id, workers
+            )
     _write_json(manifest_path, expected)
     return tokenized, False

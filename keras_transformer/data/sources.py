@@ -32,7 +32,8 @@ class TranslationData:
 
     def pairs(self, split, limit=None):
         """The first `limit` pairs of `split`: a list of `(source, target)` strings."""
-        return list(self.splits[split][:limit])
+        pairs = self.splits[split]
+        return list(pairs if limit is None and not isinstance(pairs, list) else pairs[:limit])
 
 
 def parse_direction(direction, languages, default):
@@ -68,10 +69,10 @@ def _from_tfds_builder(builder, name, direction):
     return TranslationData(source, target, splits, info)
 
 
-def _from_folder(folder, direction):
+def _from_folder(folder, direction, stream_train=False):
     from keras_transformer.data import text_files
 
-    languages, pairs = text_files.read_parallel_folder(folder)
+    languages, pairs = text_files.read_parallel_folder(folder, stream_train)
     default = ("de", "en") if set(languages) == {"de", "en"} else languages
     source, target = parse_direction(direction, languages, default)
     if direction is None:
@@ -83,7 +84,10 @@ def _from_folder(folder, direction):
     flip = (source, target) != languages
     splits = {}
     for split, split_pairs in pairs.items():
-        splits[split] = [(b, a) for a, b in split_pairs] if flip else list(split_pairs)
+        if isinstance(split_pairs, text_files.TrainStream):
+            splits[split] = split_pairs.flipped() if flip else split_pairs
+        else:
+            splits[split] = [(b, a) for a, b in split_pairs] if flip else list(split_pairs)
     info = {
         "name": f"folder:{os.path.abspath(folder)}",
         "counts": {split: len(split_pairs) for split, split_pairs in pairs.items()},
@@ -92,8 +96,9 @@ def _from_folder(folder, direction):
 
 
 def load_translation_data(
-    dataset="ding", data_dir=None, direction=None, tfds_data_dir=None, ding_path=None
-):
+    dataset="ding", data_dir=None, direction=None, tfds_data_dir=None, ding_path=None,
+    stream_train=False,
+):  # fmt: skip
     """Loads a parallel corpus as `TranslationData`.
 
     Args:
@@ -105,9 +110,12 @@ def load_translation_data(
         direction: `"src-tgt"`, e.g. `"en-de"`; None keeps the corpus order.
         tfds_data_dir: where TFDS prepares and caches datasets.
         ding_path: the Ding dictionary file (default `/usr/share/trans/de-en`).
+        stream_train: with `data_dir`, the training split is a
+            `text_files.TrainStream`, read from its files when iterated (a
+            corpus larger than memory; `data.binarize` tokenizes it in chunks).
     """
     if data_dir is not None:
-        return _from_folder(data_dir, direction)
+        return _from_folder(data_dir, direction, stream_train)
     if dataset == "ding":
         data = _from_ding(ding_path, direction)
         data.info["sentences"] = _count_sentences(data)
@@ -193,5 +201,6 @@ def repeat_sentences(pairs, times):
         raise ValueError(f"times must be an integer >= 1. Received: times={times!r}")
     if times == 1:
         return pairs
+    pairs = list(pairs)  # a `text_files.TrainStream` too: repeating needs them all
     sentences = [pair for pair in pairs if is_sentence(*pair)]
     return pairs + sentences * (times - 1)

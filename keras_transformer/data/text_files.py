@@ -41,21 +41,142 @@ def find_languages(folder):
     return tuple(languages)
 
 
-def read_lines(path):
-    """The lines of `path` without line breaks; fails on the first line that is not UTF-8."""
+def iter_lines(path):
+    """The lines of `path` without line breaks, one at a time; fails on the first line
+    that is not UTF-8, naming the file and the line."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"Missing parallel text file {path}")
-    lines = []
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
             try:
-                lines.append(raw.decode("utf-8").rstrip("\r\n"))
+                yield raw.decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError as error:
                 raise ValueError(
                     f"{path}, line {number}: not valid UTF-8 ({error.reason} at byte "
                     f"{error.start}): {raw[:80]!r}"
                 ) from None
-    return lines
+
+
+def read_lines(path):
+    """The lines of `path` without line breaks; fails on the first line that is not UTF-8."""
+    return list(iter_lines(path))
+
+
+def count_lines(path):
+    """The lines of `path` (a last line without a line break counts), read in blocks."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"Missing parallel text file {path}")
+    count, last = 0, b"\n"
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
+class TrainStream:
+    """The training pairs of a folder, read from its files when iterated, never held
+    in memory: what `read_parallel_split` gives, in the same order, less the pairs
+    held out for validation (`held_out`: their indices among the kept pairs).
+
+    `len()` is the number of pairs; `stream[:n]` the first n as a list (the
+    vocabulary's sample). Used for corpora of any size (`read_parallel_folder`):
+    their pairs are tokenized in chunks (`data.binarize`).
+    """
+
+    def __init__(self, folder, languages, count, held_out=(), flip=False):
+        self.paths = [os.path.join(folder, f"train.{lang}") for lang in languages]
+        self._count = count
+        self._held_out = frozenset(held_out)
+        self.flip = flip
+
+    def flipped(self):
+        """The same pairs, sides swapped."""
+        stream = TrainStream.__new__(TrainStream)
+        stream.__dict__.update(self.__dict__, flip=not self.flip)
+        return stream
+
+    def __len__(self):
+        return self._count
+
+    def __iter__(self):
+        held_out, flip = self._held_out, self.flip
+        for index, (a, b) in enumerate(_kept_pairs(self.paths)):
+            if index not in held_out:
+                yield (b, a) if flip else (a, b)
+
+    def __getitem__(self, key):
+        if not isinstance(key, slice) or key.start not in (None, 0) or key.step not in (None, 1):
+            raise TypeError("A TrainStream gives its first pairs only: stream[:n].")
+        import itertools
+
+        return list(itertools.islice(self, key.stop))
+
+
+def _kept_pairs(paths):
+    """The stripped pairs of two parallel files whose sides are both non-empty."""
+    for a, b in zip(iter_lines(paths[0]), iter_lines(paths[1]), strict=True):
+        a, b = a.strip(), b.strip()
+        if a and b:
+            yield a, b
+
+
+def _check_line_counts(paths):
+    counts = [count_lines(path) for path in paths]
+    if counts[0] != counts[1]:
+        raise ValueError(
+            f"Parallel files have different line counts: {paths[0]} has {counts[0]} lines, "
+            f"{paths[1]} has {counts[1]} lines."
+        )
+    return counts[0]
+
+
+def scan_train_split(folder, languages, hold_out):
+    """One pass over `train.*`, holding nothing but a heap: `(stream, held_out_pairs)`.
+
+    With `hold_out`, the validation pairs chosen as `read_parallel_folder`
+    chooses them (`HELD_OUT_SHARE` of the kept pairs with the smallest hashes
+    of their text), in corpus order; else `held_out_pairs` is None.
+    """
+    import heapq
+
+    paths = [os.path.join(folder, f"train.{lang}") for lang in languages]
+    lines = _check_line_counts(paths)
+    kept = 0
+    if hold_out:
+        count = min(max(int(lines * HELD_OUT_SHARE), 1), MAX_HELD_OUT)
+        heap = []  # the `count` smallest (hash, index) so far, as (-hash, -index)
+        for index, pair in enumerate(_kept_pairs(paths)):
+            item = (-_held_out(pair), -index)
+            if len(heap) < count:
+                heapq.heappush(heap, item)
+            elif item > heap[0]:
+                heapq.heapreplace(heap, item)
+            kept = index + 1
+    else:
+        kept = sum(1 for _ in _kept_pairs(paths))
+    _log_skipped(folder, "train", languages, lines - kept, lines)
+    if not kept:
+        raise ValueError(f"{paths[0]} and {paths[1]} hold no non-empty line pairs.")
+    if not hold_out:
+        return TrainStream(folder, languages, kept), None
+    count = min(max(int(kept * HELD_OUT_SHARE), 1), MAX_HELD_OUT)
+    if kept < 2:
+        raise ValueError(f"{folder}: too few training pairs to hold out a validation split.")
+    # The heap was sized from the line count; the share is of the kept pairs.
+    chosen = sorted((-h, -i) for h, i in heap)[:count]
+    held = sorted(i for _, i in chosen)
+    wanted = set(held)
+    pairs = [pair for i, pair in enumerate(_kept_pairs(paths)) if i in wanted]
+    return TrainStream(folder, languages, kept - count, held), pairs
+
+
+def _log_skipped(folder, split, languages, skipped, total):
+    if skipped:
+        logger.warning(
+            "%s/%s.{%s}: skipped %d of %d line pairs with an empty side.",
+            folder, split, ",".join(languages), skipped, total,
+        )  # fmt: skip
 
 
 def read_parallel_split(folder, split, languages):
@@ -76,15 +197,7 @@ def read_parallel_split(folder, split, languages):
         )
     pairs = [(a.strip(), b.strip()) for a, b in zip(first, second, strict=True)]
     kept = [(a, b) for a, b in pairs if a and b]
-    if len(kept) != len(pairs):
-        logger.warning(
-            "%s/%s.{%s}: skipped %d of %d line pairs with an empty side.",
-            folder,
-            split,
-            ",".join(languages),
-            len(pairs) - len(kept),
-            len(pairs),
-        )
+    _log_skipped(folder, split, languages, len(pairs) - len(kept), len(pairs))
     if not kept:
         raise ValueError(f"{paths[0]} and {paths[1]} hold no non-empty line pairs.")
     return kept
@@ -99,21 +212,29 @@ def _held_out(pair):
     return int(digest[:12], 16) / 16.0**12
 
 
-def read_parallel_folder(folder):
+def read_parallel_folder(folder, stream_train=False):
     """Reads every split of `folder`: `(languages, {split: [(text0, text1), ...]})`.
 
     The validation split is `validation.*`, `valid.*` or `dev.*` (the first
     found), else `HELD_OUT_SHARE` of the training pairs (at most
     `MAX_HELD_OUT`, at least one); the test split is `test.*`, or empty.
+    With `stream_train`, the training split is a `TrainStream` (the same
+    pairs, read from the files when iterated) and memory does not grow with it.
     """
     languages = find_languages(folder)
-    splits = {"train": read_parallel_split(folder, "train", languages)}
     name = next((n for n in VALIDATION_NAMES if _exists(folder, n, languages)), None)
+    if stream_train:
+        train, held = scan_train_split(folder, languages, hold_out=name is None)
+        splits = {"train": train}
+        if held is not None:
+            splits["validation"] = held
+    else:
+        splits = {"train": read_parallel_split(folder, "train", languages)}
     if name is not None:
         splits["validation"] = read_parallel_split(folder, name, languages)
         if name != "validation":
             logger.info("Validation split: %s/%s.{%s}", folder, name, ",".join(languages))
-    else:
+    elif not stream_train:
         train = splits["train"]
         count = min(max(int(len(train) * HELD_OUT_SHARE), 1), MAX_HELD_OUT)
         if len(train) < 2:
@@ -121,10 +242,12 @@ def read_parallel_folder(folder):
         held = set(sorted(range(len(train)), key=lambda i: _held_out(train[i]))[:count])
         splits["validation"] = [train[i] for i in sorted(held)]
         splits["train"] = [pair for i, pair in enumerate(train) if i not in held]
+    if name is None:
+        count = len(splits["validation"])
         logger.info(
             "No validation.*, valid.* or dev.* files in %s: %d training pairs (%.0f%%, chosen "
             "by a hash of their text) held out for validation.",
-            folder, count, 100 * count / len(train),
+            folder, count, 100 * count / (count + len(splits["train"])),
         )  # fmt: skip
     if _exists(folder, "test", languages):
         splits["test"] = read_parallel_split(folder, "test", languages)

@@ -107,13 +107,22 @@ def _corpus(config, work):
     its training pairs, parsed only when a call needs them (a new vocabulary or
     new shards); `write()` keeps a fresh parse there (after the claim)."""
     start = time.time()
+    if config.data_dir is not None and not _has_train_files(config.data_dir):
+        # The text may go once it is prepared: the shards are all training reads.
+        data = shards.read_corpus(work.data, source=None)
+        if data is not None and "train" not in data.splits:
+            logger.warning(
+                "--data-dir %s has no train.* files: training from the corpus prepared in %s "
+                "(%s training pairs)", config.data_dir, work.data, data.info["counts"]["train"],
+            )  # fmt: skip
+            return data, _text_is_gone(config.data_dir), lambda: None
     source = shards.source_identity(
         config.dataset, config.data_dir, config.direction, config.ding_path
     )
     load = functools.partial(
         load_translation_data, config.dataset, data_dir=config.data_dir,
         direction=config.direction, tfds_data_dir=workdir.WorkDir(config.work_dir).tfds,
-        ding_path=config.ding_path,
+        ding_path=config.ding_path, stream_train=True,
     )  # fmt: skip
     data = shards.read_corpus(work.data, source)
     read_back = data is not None
@@ -137,6 +146,20 @@ def _corpus(config, work):
     return data, train_pairs, write
 
 
+def _has_train_files(folder):
+    return os.path.isdir(folder) and any(name.startswith("train.") for name in os.listdir(folder))
+
+
+def _text_is_gone(folder):
+    def train_pairs():
+        raise ValueError(
+            f"--data-dir {folder} has no train.* files, and the work directory's prepared "
+            "corpus lacks what this run needs (its vocabulary or tokenized pairs)."
+        )
+
+    return train_pairs
+
+
 def _tokenized(config, work, data, train_pairs, tokenizer, model_config):
     """`(tokenized, reused)` (`data.shards.tokenized_splits`) of the training pairs,
     full sentences repeated, and the validation pairs; named by the corpus's digests."""
@@ -147,6 +170,7 @@ def _tokenized(config, work, data, train_pairs, tokenizer, model_config):
     }
     return shards.tokenized_splits(
         work.data, splits, tokenizer, model_config.max_length, model_config.eos_id,
+        workers=config.workers,
         pairs_identity={
             "train": data.info["sha256"]["train"],
             "validation": data.info["sha256"]["validation"],

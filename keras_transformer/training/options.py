@@ -74,6 +74,10 @@ class TrainingConfig:
         help="the Ding dictionary file (/usr/share/trans/de-en; a copy elsewhere, e.g. on a "
         "machine without the Debian package)"
     )
+    workers: int | None = _option(
+        help="processes that tokenize a folder's training pairs, in chunks, when a work "
+        "directory is prepared (default: one per core)"
+    )
     sentence_repeats: int | None = _option(
         help="full-sentence training pairs (capitalized, 3+ words, ending in . ! ?) this many "
         "times per pass over the data (1: once)"
