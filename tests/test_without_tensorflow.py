@@ -99,8 +99,6 @@ def test_the_ding_default_without_tensorflow_reuses_its_tokenized_splits(tmp_pat
     second.mkdir()
     for name in ("vocab.model", "corpus.json"):
         (second / name).write_bytes((first / name).read_bytes())
-    (second / "data").mkdir()
-    for name in os.listdir(first / "data"):
-        (second / "data" / name).write_bytes((first / "data" / name).read_bytes())
+    shutil.copytree(first / "data", second / "data")
     _, output = _check_run(_run(["-c", run, str(dictionary), str(second)], "jax"), second)
     assert "Read the tokenized" in output

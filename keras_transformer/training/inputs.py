@@ -54,6 +54,10 @@ def prepare_inputs(config, machine, work, finished=None):
         machine: `machine.Machine` (the replicas a batch is split over; the chief claims).
         work: the `WorkDir` this process writes.
         finished: `lifecycle.FinishedRun` of `--init-from`, or None.
+
+    Returns:
+        `Inputs`; None with `--prepare-only` (the corpus, vocabulary and shards are
+        written, no batch is planned).
     """
     data, train_pairs, write_corpus = _corpus(config, work)
     model_config, picked = make_model_config(
@@ -71,6 +75,13 @@ def prepare_inputs(config, machine, work, finished=None):
     start = time.time()
     tokenized, reused = _tokenized(config, work, data, train_pairs, tokenizer, model_config)
     tokenize_seconds = time.time() - start
+    if config.prepare_only:  # no batches planned: preparing stays bounded in memory
+        logger.info(
+            "%s %d train pairs (%d longer than %d dropped) in %.0fs", "Read the tokenized"
+            if reused else "Tokenized", len(tokenized["train"]), tokenized["train"].dropped,
+            model_config.max_length, tokenize_seconds,
+        )  # fmt: skip
+        return None
     common = dict(
         max_length=model_config.max_length,
         batch_tokens=config.batch_tokens,
