@@ -52,9 +52,13 @@ def _load(path):
 
 
 def _tokenize_chunk(pairs, max_length, eos_id):
-    """One chunk's arrays: what `pipeline.tokenize_split` keeps of it, flat."""
-    sources = _processor.encode([s for s, _ in pairs])
-    targets = _processor.encode([t for _, t in pairs])
+    """One chunk's arrays: what `pipeline.tokenize_split` keeps of it, flat.
+
+    One thread per process (SentencePiece's batch `encode` would start one per
+    core in each): the processes are the parallelism, `--workers` of them.
+    """
+    sources = _processor.encode([s for s, _ in pairs], num_threads=1)
+    targets = _processor.encode([t for _, t in pairs], num_threads=1)
     keep = [
         i
         for i, (s, t) in enumerate(zip(sources, targets, strict=True))
