@@ -136,8 +136,10 @@ def main(argv=None):
     env = dict(os.environ, KERAS_BACKEND=os.environ.get("KERAS_BACKEND", "jax"))
     results = []
     print(f"CPU: {cpu}")
-    print("| pairs | workers | prepare | pairs/s | per worker | peak RSS | shard bytes/pair "
-          "| start-up | start-up RSS |")
+    print(
+        "| pairs | workers | prepare | pairs/s | per worker | peak RSS | shard bytes/pair "
+        "| start-up | start-up RSS |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for pairs in args.pairs:
         corpus = os.path.join(base, f"corpus_{pairs}")
@@ -161,9 +163,7 @@ def main(argv=None):
                 "shard_bytes_per_pair": folder_bytes(train) / pairs,
             }
             if not args.no_start_up:
-                up_seconds, up_rss, output = measured(
-                    [sys.executable, "-c", START_UP, train], env
-                )
+                up_seconds, up_rss, output = measured([sys.executable, "-c", START_UP, train], env)
                 row.update(start_up_seconds=up_seconds, start_up_rss_bytes=up_rss)
             results.append(row)
             start_up = (

@@ -9,7 +9,7 @@ and `--init-from` read it, all through this module:
     <work_dir>/checkpoints/    one checkpoint per epoch: epoch_NNN.weights.h5
     <work_dir>/backup/         BackupAndRestore state: a killed run resumes from here
     <work_dir>/logs/           TensorBoard (loss, learning rate, validation BLEU)
-    <work_dir>/data/           the corpus's tokenized splits (a folder each), its held-out text and digests
+    <work_dir>/data/           tokenized splits (a folder each), held-out text, digests
     <work_dir>/tfds/           TFDS-prepared corpora
     <work_dir>/workers/<task>/ what worker <task> of a multi-worker run writes
 

@@ -19,9 +19,7 @@ import json
 import logging
 import os
 
-import numpy as np
-
-from keras_transformer.data.pipeline import TokenizedSplit, tokenize_split
+from keras_transformer.data.pipeline import tokenize_split
 
 logger = logging.getLogger(__name__)
 
