@@ -255,3 +255,21 @@ def test_the_vocabulary_reads_the_first_lines_side_by_side(count):
     pairs = number_pairs(5_000)
     reference = [line.encode() for pair in pairs for line in pair][:count]
     assert list(_lines(pairs, count)) == reference
+
+
+def test_a_corpus_too_small_for_the_vocabulary_names_the_largest_size_that_fits(tmp_path):
+    """Issue 40: 400 short pairs cannot make 1,000 pieces; SentencePiece's own limit
+    comes back as one line naming --vocab-size, not its RuntimeError."""
+    import re
+
+    from translation_fixtures import number_pairs
+
+    from keras_transformer.data.vocabulary import train_vocabulary
+
+    pairs = number_pairs(400)
+    with pytest.raises(ValueError, match=r"use --vocab-size \d+ or less") as error:
+        train_vocabulary(pairs, str(tmp_path / "vocab.model"), 1000)
+    largest = int(re.search(r"--vocab-size (\d+)", str(error.value)).group(1))
+    assert 64 <= largest < 1000
+    assert not list(tmp_path.iterdir())  # nothing half-written
+    train_vocabulary(pairs, str(tmp_path / "vocab.model"), largest)  # the size it names fits

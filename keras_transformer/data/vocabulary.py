@@ -8,6 +8,7 @@ exported graphs tokenize with TF Text's ops on the same model file
 
 import logging
 import os
+import re
 
 import sentencepiece
 
@@ -70,6 +71,16 @@ def train_vocabulary(train_pairs, path, vocab_size, max_sentences=300_000, byte_
             )
     except RuntimeError as error:
         os.remove(temporary)
+        too_high = re.search(r"Vocabulary size too high \((\d+)\)\. .*<= (\d+)", str(error))
+        if too_high:  # the corpus holds fewer distinct pieces than asked for
+            largest = int(too_high.group(2))
+            if byte_fallback and largest < BYTE_FALLBACK_MIN_VOCAB_SIZE:
+                largest -= 256  # that size has no byte pieces, which SentencePiece counted
+            raise ValueError(
+                f"The training pairs are too few for a {vocab_size}-piece vocabulary: "
+                f"SentencePiece can make at most {largest} pieces of them; "
+                f"use --vocab-size {largest} or less, or more data."
+            ) from None
         if byte_fallback and "smaller than required_chars" in str(error):
             raise ValueError(
                 f"vocab_size={vocab_size} is too small for byte_fallback=True, whose 256 byte "
