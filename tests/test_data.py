@@ -286,7 +286,8 @@ def test_batches_respect_token_budget_and_shift_targets(corpus, num_replicas):
 
 
 def test_evaluation_batches_are_the_plan_in_order_every_pass(corpus):
-    from keras_transformer.data.pipeline import assemble, plan_batches
+    from keras_transformer.data.pipeline import assemble
+    from keras_transformer.data.planning import plan_batches
 
     data, tokenizer, _ = corpus
     split = tokenize_split(data.splits["validation"], tokenizer, max_length=12)
@@ -356,7 +357,7 @@ def test_the_next_pass_is_planned_ahead_as_inline(corpus, pack):
 def test_an_error_in_the_planning_process_is_raised_in_training(corpus):
     import functools
 
-    from keras_transformer.data.pipeline import Planner, plan_batches
+    from keras_transformer.data.planning import Planner, plan_batches
 
     data, tokenizer, _ = corpus
     split = tokenize_split(data.splits["train"], tokenizer, max_length=12)
@@ -408,7 +409,8 @@ def test_bucket_sizes_reject_budget_below_longest_pair():
 def test_an_epoch_takes_each_pair_at_most_once_and_evaluation_all_once(
     corpus, num_replicas, boundaries
 ):
-    from keras_transformer.data.pipeline import BUCKET_BOUNDARIES, assemble, plan_batches
+    from keras_transformer.data.pipeline import assemble
+    from keras_transformer.data.planning import BUCKET_BOUNDARIES, plan_batches
 
     data, tokenizer, _ = corpus
     split = tokenize_split(data.splits["train"], tokenizer, max_length=12)
@@ -464,19 +466,20 @@ def test_assembled_batches_are_the_pairs_tokens_written_out_one_by_one(corpus):
 
 @pytest.mark.parametrize("num_replicas", [1, 2])
 def test_packed_rows_hold_each_pair_once_within_their_width(corpus, num_replicas):
-    from keras_transformer.data.pipeline import assemble, assemble_packed, plan_packed_batches
+    from keras_transformer.data.pipeline import assemble, assemble_packed
+    from keras_transformer.data.planning import plan_packed_batches
 
     data, tokenizer, _ = corpus
     split = tokenize_split(data.splits["train"], tokenizer, max_length=40)
     source_lengths = np.diff(split.source_offsets)
     target_lengths = np.diff(split.target_offsets) + 1
     evaluation = plan_packed_batches(split, 128, num_replicas)
-    pairs = np.concatenate([np.concatenate(rows) for _, rows in evaluation])
+    pairs = np.concatenate([rows.pairs for _, rows in evaluation])
     np.testing.assert_array_equal(np.sort(pairs), np.arange(len(split)))  # all, once
     rng = np.random.default_rng(0)
     first = plan_packed_batches(split, 128, num_replicas, rng, drop_remainder=True)
     second = plan_packed_batches(split, 128, num_replicas, rng, drop_remainder=True)
-    assert [r for _, r in first] != [r for _, r in second]  # reshuffled
+    assert [r.tolist() for _, r in first] != [r.tolist() for _, r in second]  # reshuffled
     assert all(len(rows) % num_replicas == 0 for _, rows in evaluation)
     for width, rows in first:  # whole batches only: one shape per width
         assert len(rows) == 128 // width // num_replicas * num_replicas

@@ -177,7 +177,7 @@ def load(folder):
         source_offsets=_offsets(source_lengths),
         target=arrays["target"],
         target_offsets=_offsets(target_lengths),
-        lengths=np.maximum(source_lengths, target_lengths + 1).astype(np.int64),
+        lengths=np.maximum(source_lengths, target_lengths + 1),  # int32
         dropped=meta["dropped"],
     )
 
