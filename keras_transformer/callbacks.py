@@ -50,6 +50,29 @@ class ValidationBleu(keras.callbacks.Callback):
         )  # fmt: skip
 
 
+class EarlyStopping(keras.callbacks.EarlyStopping):
+    """`keras.callbacks.EarlyStopping` on a metric that not every epoch has (validation
+    chrF every `--validation-bleu-every` epochs): patience counts the epochs that
+    have it; the others pass without Keras's warning. Keeps the best weights."""
+
+    def __init__(self, metric, patience):
+        monitor = {"chrf": "val_chrf", "bleu": "val_bleu", "loss": "val_loss"}[metric]
+        mode = "min" if metric == "loss" else "max"
+        super().__init__(monitor=monitor, mode=mode, patience=patience, restore_best_weights=True)
+
+    def get_monitor_value(self, logs):
+        return (logs or {}).get(self.monitor)
+
+    def on_train_end(self, logs=None):
+        if self.stopped_epoch > 0:
+            logger.info(
+                "Early stopping at epoch %d: %s has not improved for %d validations; keeping "
+                "the weights of epoch %d (%s %.4f)", self.stopped_epoch + 1, self.monitor,
+                self.patience, self.best_epoch + 1, self.monitor, self.best,
+            )  # fmt: skip
+        super().on_train_end(logs)
+
+
 class LearningRateLogger(keras.callbacks.Callback):
     """Adds the current learning rate to `logs` (for TensorBoard and the history)."""
 
@@ -233,7 +256,9 @@ class TrainingClock(keras.callbacks.Callback):
         workdir.write_progress(self.work_dir, self.spent_seconds + time.time() - self._start)
 
 
-def training_callbacks(work, validation_bleu, cooldown=None, minutes=None, spent_seconds=0.0):
+def training_callbacks(
+    work, validation_bleu, cooldown=None, minutes=None, spent_seconds=0.0, early_stopping=None
+):
     """`(callbacks, phases)`: the callbacks of a training `fit`, in the order they need.
 
     Args:
@@ -242,6 +267,8 @@ def training_callbacks(work, validation_bleu, cooldown=None, minutes=None, spent
         cooldown: a `schedules.Cooldown`, or None.
         minutes: the time budget of this `fit` (a `TimeBudget`), or None.
         spent_seconds: training time of the run's earlier processes (`TrainingClock`).
+        early_stopping: an `EarlyStopping`, or None; after `ValidationBleu`, whose
+            values it may follow.
 
     The order: `PhaseTimer` first and its end marker last (it times what the
     others do at epoch end); the backup before what reads the state it restores
@@ -261,6 +288,7 @@ def training_callbacks(work, validation_bleu, cooldown=None, minutes=None, spent
         *([cooldown] if cooldown is not None else []),
         LearningRateLogger(),
         validation_bleu,
+        *([early_stopping] if early_stopping is not None else []),
         checkpoint,
         *_tensorboard(work),
         *([TimeBudget(minutes)] if minutes is not None else []),

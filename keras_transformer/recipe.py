@@ -27,17 +27,34 @@ def paper_loss(pad_id=0, label_smoothing=LABEL_SMOOTHING):
     return LabelSmoothedCrossEntropy(label_smoothing=label_smoothing, pad_id=pad_id)
 
 
-def paper_optimizer(d_model, warmup_steps=WARMUP_STEPS, learning_rate_scale=1.0, settable=False):
+def paper_optimizer(
+    d_model, warmup_steps=WARMUP_STEPS, learning_rate_scale=1.0, settable=False,
+    accumulation_steps=1, ema_momentum=None,
+):  # fmt: skip
     """Adam(0.9, 0.98, 1e-9) on `TransformerSchedule(d_model, warmup_steps, scale)`.
 
     `settable=True` gives Adam a plain learning-rate variable, starting at the
     schedule's first value, for a callback that sets it every step
     (`callbacks.Cooldown`): Keras cannot set a rate that is a schedule.
+    `accumulation_steps=N` (> 1) updates the weights every N batches with the
+    mean of their gradients (Keras's `gradient_accumulation_steps`; the
+    schedule counts updates, not batches), so that N batches of B tokens make
+    one update of about N x B tokens on a device that holds B.
+    `ema_momentum` (e.g. 0.999) keeps an exponential moving average of the
+    weights (Keras's `use_ema`), which `fit` writes into the model when it ends.
     """
-    schedule = TransformerSchedule(d_model, warmup_steps=warmup_steps, scale=learning_rate_scale)
+    if accumulation_steps < 1:
+        raise ValueError(f"accumulation_steps must be >= 1. Received: {accumulation_steps}")
+    schedule = TransformerSchedule(
+        d_model, warmup_steps=warmup_steps, scale=learning_rate_scale,
+        batches_per_update=accumulation_steps,
+    )  # fmt: skip
+    extra = {"gradient_accumulation_steps": accumulation_steps} if accumulation_steps > 1 else {}
+    if ema_momentum is not None:
+        extra.update(use_ema=True, ema_momentum=ema_momentum)
     if settable:
-        return keras.optimizers.Adam(float(schedule(0)), **ADAM)
-    return keras.optimizers.Adam(schedule, **ADAM)
+        return keras.optimizers.Adam(float(schedule(0)), **ADAM, **extra)
+    return keras.optimizers.Adam(schedule, **ADAM, **extra)
 
 
 def compile_with_paper_recipe(
@@ -46,6 +63,8 @@ def compile_with_paper_recipe(
     learning_rate_scale=1.0,
     label_smoothing=LABEL_SMOOTHING,
     settable_learning_rate=False,
+    accumulation_steps=1,
+    ema_momentum=None,
     **compile_kwargs,
 ):
     """Compiles a `Transformer` with the paper's optimizer, schedule, loss and metric.
@@ -57,6 +76,10 @@ def compile_with_paper_recipe(
         label_smoothing: of `LabelSmoothedCrossEntropy` (0.1 in the paper).
         settable_learning_rate: a plain rate variable instead of the schedule,
             for `callbacks.Cooldown` (`paper_optimizer`'s `settable`).
+        accumulation_steps: batches whose mean gradient makes one update
+            (`paper_optimizer`); 1: every batch.
+        ema_momentum: keep an exponential moving average of the weights, which
+            the model takes when `fit` ends (`paper_optimizer`); None: none.
         **compile_kwargs: passed on to `model.compile` (`jit_compile`,
             `steps_per_execution`...).
 
@@ -73,8 +96,13 @@ def compile_with_paper_recipe(
     config = model.config
     model.compile(
         optimizer=paper_optimizer(
-            config.d_model, warmup_steps, learning_rate_scale, settable=settable_learning_rate
-        ),
+            config.d_model,
+            warmup_steps,
+            learning_rate_scale,
+            settable=settable_learning_rate,
+            accumulation_steps=accumulation_steps,
+            ema_momentum=ema_momentum,
+        ),  # fmt: skip
         loss=paper_loss(config.pad_id, label_smoothing),
         metrics=[MaskedAccuracy(pad_id=config.pad_id)],
         **compile_kwargs,

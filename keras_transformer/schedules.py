@@ -21,6 +21,11 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
         d_model: int. Model width.
         warmup_steps: int. Steps of linear warm-up.
         scale: float. Multiplier of the whole curve (1.0 in the paper).
+        batches_per_update: int. With gradient accumulation, the batches that make
+            one update: Keras 3.15's optimizers call a schedule with the count of
+            batches, not of updates (`BaseOptimizer._get_current_learning_rate`
+            reads `_iterations`, though the `gradient_accumulation_steps` docs say
+            otherwise), so the schedule divides it (tests/test_schedule_and_loss.py).
 
     Example:
 
@@ -29,24 +34,36 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
     0.000699
     """
 
-    def __init__(self, d_model, warmup_steps=4000, scale=1.0):
+    def __init__(self, d_model, warmup_steps=4000, scale=1.0, batches_per_update=1):
         if d_model <= 0:
             raise ValueError(f"d_model must be positive. Received: d_model={d_model}")
         if warmup_steps <= 0:
             raise ValueError(
                 f"warmup_steps must be positive. Received: warmup_steps={warmup_steps}"
             )
+        if batches_per_update < 1:
+            raise ValueError(
+                f"batches_per_update must be >= 1. Received: {batches_per_update}"
+            )
         self.d_model = int(d_model)
         self.warmup_steps = int(warmup_steps)
         self.scale = float(scale)
+        self.batches_per_update = int(batches_per_update)
 
     def __call__(self, step):
+        if self.batches_per_update > 1:
+            step = ops.floor_divide(step, self.batches_per_update)
         step = ops.cast(step, "float32") + 1.0  # the paper counts from 1
         decay = ops.minimum(ops.rsqrt(step), step * self.warmup_steps**-1.5)
         return self.scale * self.d_model**-0.5 * decay
 
     def get_config(self):
-        return {"d_model": self.d_model, "warmup_steps": self.warmup_steps, "scale": self.scale}
+        return {
+            "d_model": self.d_model,
+            "warmup_steps": self.warmup_steps,
+            "scale": self.scale,
+            "batches_per_update": self.batches_per_update,
+        }
 
 
 class Cooldown(keras.callbacks.Callback):

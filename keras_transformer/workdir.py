@@ -237,6 +237,14 @@ def claim(work_dir, corpus):
         )
 
 
+def write_corpus_report(work_dir, report):
+    """Adds the corpus report (`data.report.CorpusReport.to_dict`) to `corpus.json`
+    under "report" (`claim` reads the other keys only)."""
+    work = WorkDir(work_dir)
+    recorded = _read_json(work.corpus) or {}
+    _write_json(work.corpus, dict(recorded, report=report))
+
+
 def clear(work_dir):
     """Removes what runs wrote in `work_dir` (`--overwrite`); a TFDS cache stays."""
     import shutil

@@ -143,3 +143,86 @@ def test_masked_accuracy_ignores_padding():
         np.array([[7, 8, 0, 0]], "int32"), np.eye(10, dtype="float32")[[[7, 1, 5, 5]]]
     )
     np.testing.assert_allclose(float(ops.convert_to_numpy(metric.result())), 4 / 7, rtol=1e-6)
+
+
+@pytest.mark.multibackend
+def test_two_accumulated_batches_make_the_update_of_one_batch_twice_as_large():
+    """`compile_with_paper_recipe(accumulation_steps=2)`: two batches of equal token
+    counts give the optimizer the gradient one batch of both gives, at the same
+    point of the schedule (Keras 3.15 would evaluate it at the batch count).
+
+    Compared through Adam's first moments (`(1 - beta_1) * gradient` after one
+    update), not the weights: Adam's first step is about `lr * sign(gradient)`,
+    which float round-off flips where a gradient is about 0 (the key biases,
+    whose gradient is 0 in exact arithmetic)."""
+    import keras
+
+    from keras_transformer import Transformer, compile_with_paper_recipe
+
+    rng = np.random.default_rng(0)
+    source = rng.integers(4, 64, size=(8, 9)).astype("int32")
+    target = rng.integers(4, 64, size=(8, 10)).astype("int32")
+    labels = rng.integers(4, 64, size=(8, 10)).astype("int32")  # no padding: equal tokens
+
+    def batch(rows):
+        return {"source_ids": source[rows], "target_ids": target[rows]}, labels[rows]
+
+    def trained(accumulation_steps, batches):
+        keras.utils.set_random_seed(3)
+        model = Transformer.from_preset("tiny", vocab_size=64, dropout=0.0)
+        model.build()
+        compile_with_paper_recipe(model, warmup_steps=10, accumulation_steps=accumulation_steps)
+        for x, y in batches:
+            model.train_on_batch(x, y)
+        return model
+
+    accumulated = trained(2, [batch(slice(0, 4)), batch(slice(4, 8))])
+    whole = trained(1, [batch(slice(0, 8))])
+    half = trained(2, [batch(slice(0, 4))])  # one batch of two: no update yet
+
+    def moments(model):
+        return [ops.convert_to_numpy(m) for m in model.optimizer._momentums]
+
+    largest = max(float(np.abs(m).max()) for m in moments(whole))
+    assert largest > 1e-4  # the gradient is not nothing
+    for a, b in zip(moments(accumulated), moments(whole), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * largest)
+    assert all(not m.any() for m in moments(half))
+    lr = [float(ops.convert_to_numpy(m.optimizer.learning_rate)) for m in (accumulated, whole)]
+    assert lr[0] == lr[1]  # the schedule at update 1 in both
+    assert int(ops.convert_to_numpy(accumulated.optimizer.iterations)) == 1
+
+
+@pytest.mark.multibackend
+def test_with_ema_the_model_ends_on_the_moving_average_of_its_weights():
+    """`compile_with_paper_recipe(ema_momentum=m)`: after training the weights are the
+    exponential moving average of the weights after each step (the first step's
+    weights, then `m * average + (1 - m) * weights`), computed here from them."""
+    import keras
+
+    from keras_transformer import Transformer, compile_with_paper_recipe
+
+    rng = np.random.default_rng(1)
+    x = {
+        "source_ids": rng.integers(4, 64, size=(12, 7)).astype("int32"),
+        "target_ids": rng.integers(4, 64, size=(12, 8)).astype("int32"),
+    }
+    y = rng.integers(4, 64, size=(12, 8)).astype("int32")
+    keras.utils.set_random_seed(5)
+    model = Transformer.from_preset("tiny", vocab_size=64, dropout=0.0)
+    model.build()
+    compile_with_paper_recipe(model, warmup_steps=2, ema_momentum=0.5)
+    after_each_step = []
+    for start in range(0, 12, 4):  # train_on_batch: the variables hold each step's weights
+        model.train_on_batch({k: v[start : start + 4] for k, v in x.items()}, y[start : start + 4])
+        after_each_step.append([ops.convert_to_numpy(w).copy() for w in model.trainable_weights])
+    # What `fit` does when it ends, on every backend (keras/src/backend/*/trainer.py).
+    model.optimizer.finalize_variable_values(model.trainable_weights)
+    assert len(after_each_step) == 3
+    average = after_each_step[0]
+    for weights in after_each_step[1:]:
+        average = [0.5 * a + 0.5 * w for a, w in zip(average, weights, strict=True)]
+    final = [ops.convert_to_numpy(w) for w in model.trainable_weights]
+    for got, expected in zip(final, average, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert any(not np.allclose(f, last) for f, last in zip(final, after_each_step[-1], strict=True))

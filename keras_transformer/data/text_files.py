@@ -18,6 +18,8 @@ import hashlib
 import logging
 import os
 
+import numpy as np
+
 logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation", "test")
@@ -89,6 +91,19 @@ class TrainStream:
         self._count = count
         self._held_out = frozenset(held_out)
         self.flip = flip
+        self._dropped = None  # a boolean mask over the pairs this stream gave (`without`)
+        self.empty = 0  # line pairs with an empty side, skipped (`scan_train_split`)
+
+    def without(self, dropped):
+        """The same pairs less those where the boolean array `dropped` is set (one
+        entry per pair of this stream, in order: `report.CorpusReport`'s filters)."""
+        if self._dropped is not None:
+            raise ValueError("This TrainStream is filtered already.")
+        stream = TrainStream.__new__(TrainStream)
+        stream.__dict__.update(self.__dict__)
+        stream._dropped = np.asarray(dropped, dtype=bool)
+        stream._count = self._count - int(stream._dropped.sum())
+        return stream
 
     def flipped(self):
         """The same pairs, sides swapped."""
@@ -100,9 +115,13 @@ class TrainStream:
         return self._count
 
     def __iter__(self):
-        held_out, flip = self._held_out, self.flip
+        held_out, flip, dropped = self._held_out, self.flip, self._dropped
+        given = 0
         for index, (a, b) in enumerate(_kept_pairs(self.paths)):
-            if index not in held_out:
+            if index in held_out:
+                continue
+            given += 1
+            if dropped is None or not dropped[given - 1]:
                 yield (b, a) if flip else (a, b)
 
     def __getitem__(self, key):
@@ -159,7 +178,9 @@ def scan_train_split(folder, languages, hold_out):
     if not kept:
         raise ValueError(f"{paths[0]} and {paths[1]} hold no non-empty line pairs.")
     if not hold_out:
-        return TrainStream(folder, languages, kept), None
+        stream = TrainStream(folder, languages, kept)
+        stream.empty = lines - kept
+        return stream, None
     count = min(max(int(kept * HELD_OUT_SHARE), 1), MAX_HELD_OUT)
     if kept < 2:
         raise ValueError(f"{folder}: too few training pairs to hold out a validation split.")
@@ -168,7 +189,9 @@ def scan_train_split(folder, languages, hold_out):
     held = sorted(i for _, i in chosen)
     wanted = set(held)
     pairs = [pair for i, pair in enumerate(_kept_pairs(paths)) if i in wanted]
-    return TrainStream(folder, languages, kept - count, held), pairs
+    stream = TrainStream(folder, languages, kept - count, held)
+    stream.empty = lines - kept
+    return stream, pairs
 
 
 def _log_skipped(folder, split, languages, skipped, total):

@@ -29,7 +29,12 @@ def finish(model, config, work, inputs, is_chief):
     (on the chief, with `--average-last` >= 1), and its test decode."""
     model = plain_float32(model)
     averaging = None
-    if config.average_last >= 1 and is_chief:
+    # Early stopping on chrF or BLEU kept the best weights by that metric; averaging
+    # chooses by validation loss, which would overrule the user's choice.
+    by_decoding = config.early_stopping and config.early_stopping_metric != "loss"
+    if by_decoding:
+        logger.info("No checkpoint averaging: early stopping kept the best weights by chrF/BLEU")
+    if config.average_last >= 1 and is_chief and not by_decoding:
         averaging = average_by_validation(
             model, work.path, inputs.val_ds.evaluation(), inputs.model_config.pad_id,
             config.average_last,

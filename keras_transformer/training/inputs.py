@@ -75,6 +75,7 @@ def prepare_inputs(config, machine, work, finished=None):
     start = time.time()
     tokenized, reused = _tokenized(config, work, data, train_pairs, tokenizer, model_config)
     tokenize_seconds = time.time() - start
+    _report(data, tokenized["train"], tokenizer, work, machine.is_chief)
     if config.prepare_only:  # no batches planned: preparing stays bounded in memory
         logger.info(
             "%s %d train pairs (%d longer than %d dropped) in %.0fs", "Read the tokenized"
@@ -135,10 +136,11 @@ def _corpus(config, work):
         direction=config.direction, tfds_data_dir=workdir.WorkDir(config.work_dir).tfds,
         ding_path=config.ding_path, stream_train=True,
     )  # fmt: skip
+    source["filters"] = list(config.filter_names)  # the training pairs depend on them
     data = shards.read_corpus(work.data, source)
     read_back = data is not None
     if not read_back:
-        data = shards.add_digests(load())
+        data = shards.add_digests(_filtered(load(), config.filter_names))
     logger.info(
         "Data %s, %s -> %s: %s (%s in %.0fs)", data.info["name"], data.source_language,
         data.target_language, data.info["counts"],
@@ -155,6 +157,44 @@ def _corpus(config, work):
             shards.write_corpus(work.data, source, data)
 
     return data, train_pairs, write
+
+
+def _report(data, train, tokenizer, work, is_chief):
+    """The corpus report with the vocabulary's coverage of the tokenized training
+    pairs: logged (summary, warnings, suggestions) and written to `corpus.json`."""
+    from keras_transformer.data.report import CorpusReport
+
+    if "report" not in data.info:  # a corpus parsed by an older version
+        return
+    report = CorpusReport.from_dict(data.info["report"])
+    report.read_tokens(train, tokenizer)
+    data.info["report"] = report.to_dict()
+    for line in report.summary():
+        logger.info("Corpus report: %s", line)
+    for warning in data.info["report"]["warnings"]:
+        logger.warning("Corpus report: %s", warning)
+    for suggestion in data.info["report"]["suggestions"]:
+        logger.info("Suggested for this corpus: %s", suggestion)
+    if is_chief:
+        workdir.write_corpus_report(work.path, data.info["report"])
+
+
+def _filtered(data, filters):
+    """`data` with its training pairs measured (`data.report.CorpusReport`, kept in
+    `data.info["report"]`) and those the filters drop left out; logged."""
+    from keras_transformer.data.report import CorpusReport
+
+    report = CorpusReport({name: data.splits[name] for name in ("validation", "test")})
+    train = data.splits["train"]
+    dropped = report.read_train(train, filters, empty=getattr(train, "empty", 0))
+    if dropped.any():
+        if isinstance(train, list):
+            train = [pair for pair, drop in zip(train, dropped.tolist(), strict=True) if not drop]
+        else:
+            train = train.without(dropped)
+    info = dict(data.info, counts=dict(data.info["counts"], train=len(train)))
+    info["report"] = report.to_dict()
+    return dataclasses.replace(data, splits=dict(data.splits, train=train), info=info)
 
 
 def _has_train_files(folder):

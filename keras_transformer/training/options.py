@@ -74,6 +74,14 @@ class TrainingConfig:
         help="the Ding dictionary file (/usr/share/trans/de-en; a copy elsewhere, e.g. on a "
         "machine without the Debian package)"
     )
+    filters: str = _option(
+        "copies,duplicates,ratio",
+        help="training pairs dropped before training, counted in the corpus report "
+        "(WORK/corpus.json): copies (the sides identical), duplicates (after the first), "
+        "ratio (a side over 3x the other's characters); 'none' keeps them all. Evaluation "
+        "pairs are never filtered",
+        metavar="LIST",
+    )
     workers: int | None = _option(
         help="processes that tokenize a folder's training pairs, in chunks, when a work "
         "directory is prepared (default: one per core)"
@@ -88,6 +96,19 @@ class TrainingConfig:
     steps: int | None = _option(help="steps per epoch; an epoch ends with a checkpoint")
     batch_tokens: int | None = _option(help="about this many tokens per batch and side")
     warmup_steps: int | None = _option(help="learning-rate warm-up steps")
+    accumulate_steps: int = _option(
+        1,
+        help="update the weights every N batches with the mean of their gradients (Keras's "
+        "gradient_accumulation_steps): N x --batch-tokens per update on a device that holds "
+        "one batch; the learning-rate schedule counts updates",
+    )
+    ema: float | None = _option(
+        help="keep an exponential moving average of the weights with this momentum (e.g. "
+        "0.999; Keras's use_ema): the model takes it when training ends, and checkpoint "
+        "averaging keeps it unless an average of the last checkpoints has a lower "
+        "validation loss",
+        metavar="MOMENTUM",
+    )
     learning_rate_scale: float | None = _option(
         help="multiplier of the paper's learning-rate curve (1.0 in the paper)"
     )
@@ -103,6 +124,17 @@ class TrainingConfig:
     max_train_minutes: float | None = _option(
         help="stop at the first training step that ends past this many minutes of training "
         "(0: after one step)"
+    )
+    early_stopping: int | None = _option(
+        help="stop when the validation metric (--early-stopping-metric) has not improved for "
+        "this many validations, and keep the weights of its best one (off by default)",
+        metavar="PATIENCE",
+    )
+    early_stopping_metric: str = _option(
+        "chrf",
+        help="what early stopping follows: validation chrF or BLEU (greedy, on "
+        "--validation-bleu-samples pairs every --validation-bleu-every epochs) or loss",
+        choices=("chrf", "bleu", "loss"),
     )
     logical_devices: int | None = _option(help="split the CPU into N devices for MirroredStrategy")
     pack: bool = _option(
@@ -156,10 +188,25 @@ class TrainingConfig:
         return PAPER.replace(beam_size=self.beam_size, alpha=self.alpha, stopping=self.stopping,
                              patience=self.patience)  # fmt: skip
 
+    @property
+    def filter_names(self):
+        """`filters` as a tuple of names (() for "none")."""
+        if self.filters.strip() in ("", "none"):
+            return ()
+        return tuple(name.strip() for name in self.filters.split(","))
+
     def __post_init__(self):
+        from keras_transformer.data.report import FILTERS
+
+        unknown = set(self.filter_names) - set(FILTERS)
+        if unknown:
+            raise ValueError(
+                f"Unknown filter(s) {', '.join(sorted(unknown))} in filters={self.filters!r}; "
+                f"choose from {', '.join(FILTERS)}, or none."
+            )
         positive = ("epochs", "steps", "batch_tokens", "warmup_steps", "vocab_size",
                     "logical_devices", "average_last", "beam_size", "validation_every",
-                    "sentence_repeats")  # fmt: skip
+                    "sentence_repeats", "accumulate_steps", "early_stopping")  # fmt: skip
         for name in positive:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or value <= 0):
@@ -178,6 +225,22 @@ class TrainingConfig:
         _ = self.search  # `SearchConfig`'s checks
         if self.cooldown is not None and not 0.0 <= self.cooldown <= 1.0:
             raise ValueError(f"cooldown must be in [0, 1]. Received: cooldown={self.cooldown}")
+        if self.ema is not None and not 0.0 < self.ema < 1.0:
+            raise ValueError(f"ema must be in (0, 1), e.g. 0.999. Received: ema={self.ema}")
+        if (
+            self.early_stopping
+            and self.early_stopping_metric != "loss"
+            and self.validation_bleu_every == 0
+        ):
+            raise ValueError(
+                f"early stopping on validation {self.early_stopping_metric} needs "
+                "validation_bleu_every >= 1 (how often it decodes the validation pairs)."
+            )
+        if self.accumulate_steps > 1 and self.cooldown:
+            raise ValueError(
+                "accumulate_steps > 1 with a cooldown is not supported yet: the cooldown sets "
+                "the rate per batch, not per update. Use one of them."
+            )
         if self.dtype_policy is not None and self.dtype_policy not in DTYPE_POLICIES:
             raise ValueError(
                 f"dtype_policy must be one of {DTYPE_POLICIES}. "

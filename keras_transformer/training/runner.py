@@ -12,6 +12,7 @@ import numpy as np
 
 from keras_transformer import calibration, run_record, workdir
 from keras_transformer.callbacks import (
+    EarlyStopping,
     PhaseTimer,
     ValidationBleu,
     ValidationEpochs,
@@ -120,12 +121,17 @@ def build_model(config, machine, model_config, finished, precision):
             warmup_steps=config.warmup_steps,
             learning_rate_scale=config.learning_rate_scale,
             settable_learning_rate=config.cooldown > 0,  # `Cooldown` sets it
+            accumulation_steps=config.accumulate_steps,
+            ema_momentum=config.ema,
             jit_compile=precision.jit_compile,
         )
         model.optimizer.build(model.trainable_variables)
         if finished is not None:
             # The schedule goes on where the finished run stopped (no second warm-up).
-            model.optimizer.iterations.assign(finished.steps)
+            # With accumulation `iterations` is computed from the batch count, which
+            # is the variable to set (Keras's `_iterations`).
+            batches = model.optimizer._iterations
+            batches.assign(finished.steps * config.accumulate_steps)
     return model
 
 
@@ -165,8 +171,11 @@ def fit(model, config, work, inputs, finished, progress, calibrated, startup_sec
             schedule, config.cooldown, minutes=minutes, total_steps=config.epochs * config.steps,
             initial_step=finished.steps if finished is not None else 0,
         )  # fmt: skip
+    early_stopping = None
+    if config.early_stopping:
+        early_stopping = EarlyStopping(config.early_stopping_metric, config.early_stopping)
     callbacks, phases = training_callbacks(
-        work, validation_bleu, cooldown, minutes, progress.train_seconds
+        work, validation_bleu, cooldown, minutes, progress.train_seconds, early_stopping
     )
     init_from = _starting_point(model, inputs, finished) if finished is not None else None
     history = model.fit(
