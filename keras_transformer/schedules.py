@@ -42,9 +42,7 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
                 f"warmup_steps must be positive. Received: warmup_steps={warmup_steps}"
             )
         if batches_per_update < 1:
-            raise ValueError(
-                f"batches_per_update must be >= 1. Received: {batches_per_update}"
-            )
+            raise ValueError(f"batches_per_update must be >= 1. Received: {batches_per_update}")
         self.d_model = int(d_model)
         self.warmup_steps = int(warmup_steps)
         self.scale = float(scale)
