@@ -85,7 +85,8 @@ def _train(*args):
     command = [
         sys.executable, os.path.join(ROOT, "train.py"), "--preset", "tiny", "--vocab-size", "64",
         "--batch-tokens", "256", "--steps", "5", "--epochs", "1", "--validation-bleu-every",
-        "0", "--test-samples", "5", "--beam-size", "1", "--no-export", "--workers", "2", *args,
+        "0", "--test-samples", "5", "--beam-size", "1", "--no-export", "--workers", "2",
+        "--filters", "none", *args,
     ]  # fmt: skip
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
 

@@ -70,7 +70,12 @@ def test_compile_with_paper_recipe_for_a_users_own_fit():
     assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (0.9, 0.98, 1e-9)
     schedule = optimizer._learning_rate
     assert isinstance(schedule, TransformerSchedule)
-    assert schedule.get_config() == {"d_model": 64, "warmup_steps": 100, "scale": 0.5}
+    assert schedule.get_config() == {
+        "d_model": 64,
+        "warmup_steps": 100,
+        "scale": 0.5,
+        "batches_per_update": 1,
+    }
     assert isinstance(model.loss, LabelSmoothedCrossEntropy)
     assert (model.loss.label_smoothing, model.loss.pad_id) == (0.1, 0)
     # The user's own fit: ({"source_ids", "target_ids"}, labels) batches, padding 0.

@@ -187,14 +187,13 @@ class CorpusReport:
         from keras_transformer.training.presets import corpus_defaults
 
         picked = corpus_defaults(pairs, "cpu")
+        cpu = "on 2 CPU cores: the default (`cpu` preset, 4k BPE, 22 minutes)" + (
+            f"; dropout {picked['dropout']} is chosen for it" if picked.get("dropout") else ""
+        )
         if pairs <= 200_000:
-            return [
-                "on 2 CPU cores: the default (`cpu` preset, 4k BPE, 22 minutes)"
-                + (f"; dropout {picked['dropout']} is chosen for it" if picked else ""),
-                "on one GPU: --preset small --batch-tokens 8192",
-            ]
+            return [cpu, "on one GPU: --preset small --batch-tokens 8192"]
         if pairs <= 5_000_000:
-            return ["on one GPU: --preset base --batch-tokens 12000 --vocab-size 16000"]
+            return [cpu, "on one GPU: --preset base --batch-tokens 12000 --vocab-size 16000"]
         return ["on several GPUs: --preset base --batch-tokens 25000 (the paper; big for its best)"]
 
     @classmethod

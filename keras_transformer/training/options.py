@@ -74,12 +74,12 @@ class TrainingConfig:
         help="the Ding dictionary file (/usr/share/trans/de-en; a copy elsewhere, e.g. on a "
         "machine without the Debian package)"
     )
-    filters: str = _option(
-        "copies,duplicates,ratio",
+    filters: str | None = _option(
         help="training pairs dropped before training, counted in the corpus report "
         "(WORK/corpus.json): copies (the sides identical), duplicates (after the first), "
-        "ratio (a side over 3x the other's characters); 'none' keeps them all. Evaluation "
-        "pairs are never filtered",
+        "ratio (a side over 3x the other's characters); 'none' keeps them all (default: "
+        "copies,duplicates,ratio; none on Ding, whose parser dedups and whose copies are "
+        "names). Evaluation pairs are never filtered",
         metavar="LIST",
     )
     workers: int | None = _option(
@@ -190,7 +190,12 @@ class TrainingConfig:
 
     @property
     def filter_names(self):
-        """`filters` as a tuple of names (() for "none")."""
+        """`filters` as a tuple of names (() for "none"), or the corpus's default:
+        all of them off Ding, none on Ding."""
+        if self.filters is None:
+            from keras_transformer.data.report import FILTERS
+
+            return () if self.data_dir is None and self.dataset == "ding" else FILTERS
         if self.filters.strip() in ("", "none"):
             return ()
         return tuple(name.strip() for name in self.filters.split(","))
