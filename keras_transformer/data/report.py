@@ -19,8 +19,9 @@ Marian's OpusCleaner rules do; evaluation splits are never filtered.
 """
 
 import array
+import bisect
 import math
-import unicodedata
+import re
 
 import numpy as np
 
@@ -40,8 +41,8 @@ WARN_UNKNOWN = 0.001  # of the training tokens
 WARN_BYTES = 0.02  # of the training tokens
 
 
-def _has_control(text):
-    return any(unicodedata.category(c) == "Cc" and c != "\t" for c in text)
+# Unicode's control characters (category Cc) but the tab.
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 
 
 def ratio_outlier(source, target):
@@ -81,26 +82,35 @@ class CorpusReport:
         if unknown:
             raise ValueError(f"Unknown filter(s) {sorted(unknown)}; choose from {FILTERS}.")
         hashes, flags = array.array("q"), array.array("b")  # 9 bytes a pair, not ~80
-        words = {"source": np.zeros(len(LENGTH_BINS), np.int64),
-                 "target": np.zeros(len(LENGTH_BINS), np.int64)}  # fmt: skip
-        sums = np.zeros(5)  # x, y, x^2, y^2, xy over character lengths
-        counts = {"copies": 0, "ratio": 0, "control_characters": 0}
+        # Plain Python locals and C-speed calls per pair (bisect, a regex, str methods):
+        # 16M pairs in about a minute, where numpy calls per pair took minutes.
+        words = {"source": [0] * len(LENGTH_BINS), "target": [0] * len(LENGTH_BINS)}
+        sx = sy = sxx = syy = sxy = 0
+        copies = ratios = controls = 0
+        evaluation = list(self._evaluation.items())
+        control = _CONTROL.search
         for source, target in pairs:
             key = hash((source, target))
             hashes.append(key)
-            for name, members in self._evaluation.items():
+            for name, members in evaluation:
                 if key in members:
                     self._seen_evaluation[name].add(key)
             copy = source == target
             ratio = ratio_outlier(source, target)
-            counts["copies"] += copy
-            counts["ratio"] += ratio
-            counts["control_characters"] += _has_control(source) or _has_control(target)
+            copies += copy
+            ratios += ratio
+            controls += bool(control(source) or control(target))
             flags.append(copy | (ratio << 1))
-            for side, text in (("source", source), ("target", target)):
-                words[side][np.searchsorted(LENGTH_BINS, len(text.split()), "right") - 1] += 1
+            words["source"][bisect.bisect_right(LENGTH_BINS, len(source.split())) - 1] += 1
+            words["target"][bisect.bisect_right(LENGTH_BINS, len(target.split())) - 1] += 1
             x, y = len(source), len(target)
-            sums += (x, y, x * x, y * y, x * y)
+            sx += x
+            sy += y
+            sxx += x * x
+            syy += y * y
+            sxy += x * y
+        sums = np.array([sx, sy, sxx, syy, sxy], dtype=np.float64)
+        counts = {"copies": copies, "ratio": ratios, "control_characters": controls}
         hashes = np.frombuffer(hashes, dtype=np.int64)
         flags = np.frombuffer(flags, dtype=np.int8)
         duplicates = _later_duplicates(hashes)

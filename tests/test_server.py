@@ -1,0 +1,188 @@
+"""`keras-transformer-serve` over HTTP: a real server process on a local port, spoken
+to as TF Serving's REST clients do (`export/serving/client_rest.py` unchanged).
+
+The translations are the ONNX export's own (`OnnxTranslator`, in a process without
+TensorFlow); bad requests get TF Serving's error shape and one line, and the server
+answers the next request; concurrent requests are batched together and each gets
+its own translations; a request in flight at shutdown is answered.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from export_fixtures import exported, held_out_sentences, onnx_jobs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "export", "serving"))
+import client_rest  # noqa: E402
+
+NAME = "transformer_de_en"
+SENTENCES = held_out_sentences(24, seed=21)
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory):
+    return exported(tmp_path_factory)
+
+
+def _start(onnx_dir, port, *args):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "keras_transformer.serve", onnx_dir, "--port", str(port),
+         "--model-name", NAME, "--max-sentences", "40", "--max-characters", "300", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
+    )  # fmt: skip
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(process.stdout.read()[-3000:])
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models/{NAME}", timeout=2):
+                return process
+        except OSError:
+            time.sleep(0.2)
+    process.kill()
+    raise AssertionError("the server did not start in 120 s")
+
+
+@pytest.fixture(scope="module")
+def server(export):
+    port = _free_port()
+    process = _start(export[1]["onnx"], port, "--max-wait-ms", "50")
+    yield port
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def expected(export):
+    """What OnnxTranslator gives for SENTENCES, beam (the export's default) and greedy."""
+    jobs = [
+        {"name": "beam", "call": "translate", "sentences": SENTENCES},
+        {"name": "greedy", "call": "translate", "sentences": SENTENCES, "kwargs": {"beam_size": 1}},
+    ]
+    results = onnx_jobs(export[1]["onnx"], jobs)
+    return {name: results[name]["value"] for name in ("beam", "greedy")}
+
+
+def _post(port, body, path=f"/v1/models/{NAME}:predict"):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode("utf-8")
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", data=data, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as error:
+        return error.code, json.load(error)
+
+
+def test_tf_serving_clients_get_the_exports_translations(server, expected):
+    assert client_rest.translate(SENTENCES, port=server, model=NAME) == expected["beam"]
+    greedy = client_rest.translate(SENTENCES, port=server, model=NAME, signature="translate_greedy")
+    assert greedy == expected["greedy"]
+    status, body = _post(server, {"inputs": {"sentences": SENTENCES[:3]}})
+    assert (status, body) == (200, {"outputs": expected["beam"][:3]})
+    status, body = _post(server, {"instances": SENTENCES[:2], "beam_size": 1})
+    assert (status, body) == (200, {"predictions": expected["greedy"][:2]})
+    with urllib.request.urlopen(f"http://127.0.0.1:{server}/v1/models/{NAME}") as response:
+        state = json.load(response)["model_version_status"][0]
+    assert state["state"] == "AVAILABLE" and state["status"]["error_code"] == "OK"
+    with urllib.request.urlopen(f"http://127.0.0.1:{server}/v1/models/{NAME}/metadata") as r:
+        signatures = json.load(r)["metadata"]["signature_def"]["signature_def"]
+    assert set(signatures) == {"serving_default", "translate_greedy"}
+
+
+@pytest.mark.parametrize(
+    "body,status,words",
+    [
+        (b"{not json", 400, "not valid JSON"),
+        (b'{"instances": ["\xff\xfe"]}', 400, "not valid UTF-8"),
+        ({"instances": []}, 400, "instances are empty"),
+        ({"instances": "Haus"}, 400, "list of strings"),
+        ({"instances": ["Haus", 3]}, 400, "Instance 1 is a int"),
+        ({"instances": ["a"], "inputs": ["b"]}, 400, "exactly one of"),
+        ({"instances": ["a"] * 41}, 400, "at most 40 (--max-sentences)"),
+        ({"instances": ["a" * 301]}, 400, "at most 300 (--max-characters)"),
+        ({"instances": ["a"], "signature_name": "other"}, 400, "Unknown signature_name"),
+        ({"instances": ["a"], "beam_size": 3}, 400, "beam_size must be one of"),
+        (b"[" + b'"a",' * 400_000 + b'"a"]', 413, "(--max-body-bytes)"),
+    ],
+)
+def test_a_bad_request_is_one_line_in_tf_servings_error_shape(
+    server, expected, body, status, words
+):
+    got, answer = _post(server, body)
+    assert got == status and set(answer) == {"error"}, answer
+    assert (
+        words in answer["error"]
+        and "\n" not in answer["error"]
+        and "Traceback" not in answer["error"]
+    )
+    assert client_rest.translate(SENTENCES[:1], port=server, model=NAME) == expected["beam"][:1]
+
+
+def test_another_model_name_is_404(server):
+    status, answer = _post(server, {"instances": ["a"]}, path="/v1/models/other:predict")
+    assert status == 404 and "Servable not found" in answer["error"]
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own(server, expected):
+    def batches():
+        with urllib.request.urlopen(f"http://127.0.0.1:{server}/v1/models/{NAME}/metadata") as r:
+            return json.load(r)["server"]["batches"]
+
+    before = batches()
+    results = [None] * len(SENTENCES)
+
+    def ask(i):
+        results[i] = client_rest.translate([SENTENCES[i]], port=server, model=NAME)[0]
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(SENTENCES))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == expected["beam"]
+    assert batches() - before < len(SENTENCES)  # some requests shared a translate call
+
+
+def test_the_page_works_offline(server):
+    with urllib.request.urlopen(f"http://127.0.0.1:{server}/") as response:
+        page = response.read().decode("utf-8")
+    assert "<textarea" in page and f"/v1/models/{NAME}:predict" in page
+    assert "http://" not in page and "https://" not in page  # no external fonts or scripts
+
+
+def test_a_request_in_flight_at_shutdown_is_answered(export, expected):
+    port = _free_port()
+    process = _start(export[1]["onnx"], port, "--max-wait-ms", "300")
+    answer = {}
+
+    def ask():
+        answer["value"] = client_rest.translate(SENTENCES, port=port, model=NAME)
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    time.sleep(0.1)  # the request waits for others (300 ms) when the signal comes
+    process.send_signal(signal.SIGTERM)
+    thread.join(timeout=60)
+    assert process.wait(timeout=60) == 0
+    assert answer.get("value") == expected["beam"]
