@@ -90,20 +90,22 @@ def write_corpus(folder, pairs, block=100_000, seed=0):
 
 
 def measured(command, env=None):
-    """`(seconds, peak RSS bytes of the process tree, output)` of a command."""
+    """`(seconds, peak RSS bytes of the process tree, output)` of a command; the peak
+    of RSS less file-backed pages goes to `measured.anonymous`."""
     import psutil
 
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT
     )
-    peak = [0]
+    peak = [0, 0]  # RSS; RSS less file-backed pages (the shards' mapped pages, reclaimable)
 
     def sample():
         parent = psutil.Process(process.pid)
         while process.poll() is None:
             try:
-                tree = [parent, *parent.children(recursive=True)]
-                peak[0] = max(peak[0], sum(p.memory_info().rss for p in tree))
+                infos = [p.memory_info() for p in (parent, *parent.children(recursive=True))]
+                peak[0] = max(peak[0], sum(i.rss for i in infos))
+                peak[1] = max(peak[1], sum(i.rss - i.shared for i in infos))
             except psutil.Error:
                 pass
             time.sleep(0.05)
@@ -116,6 +118,7 @@ def measured(command, env=None):
     thread.join()
     if process.returncode:
         raise RuntimeError(f"{command[:4]} failed:\n{output[-3000:]}")
+    measured.anonymous = peak[1]
     return seconds, peak[0], output
 
 
@@ -162,11 +165,15 @@ def main(argv=None):
                 "prepare_seconds": seconds,
                 "pairs_per_second": pairs / seconds,
                 "peak_rss_bytes": rss,
+                "peak_anonymous_bytes": measured.anonymous,
                 "shard_bytes_per_pair": folder_bytes(train) / pairs,
             }
             if not args.no_start_up:
                 up_seconds, up_rss, output = measured([sys.executable, "-c", START_UP, train], env)
-                row.update(start_up_seconds=up_seconds, start_up_rss_bytes=up_rss)
+                row.update(
+                    start_up_seconds=up_seconds, start_up_rss_bytes=up_rss,
+                    start_up_anonymous_bytes=measured.anonymous,
+                )  # fmt: skip
             results.append(row)
             start_up = (
                 f"{row['start_up_seconds']:.0f} s | {row['start_up_rss_bytes'] / 2**30:.2f} GB"

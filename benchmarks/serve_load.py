@@ -1,0 +1,167 @@
+"""Load on `keras-transformer-serve`: sentences/s and latency under concurrent clients,
+against the same export translated directly (`OnnxTranslator`, batches of 32) in one run.
+
+    python benchmarks/serve_load.py saved_models/transformer_de_en/onnx/1 --clients 1 8 32
+
+The server runs in a process of its own on a local port; each client thread
+sends one sentence per request (TF Serving's `{"instances": [s]}`), the next
+as soon as the last is answered, for `--seconds`; sentences are Ding's
+validation sentences (or `--sentences FILE`, one per line). Reports per
+client count: requests/s, sentences/s, latency p50/p90/p99, errors, and
+the server's batches (from its metadata). The direct row is the ceiling:
+the same sentences translated in batches without HTTP. Run alone on the
+machine; the CPU is named in the output.
+"""
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("export_dir")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--max-wait-ms", type=float, default=5.0)
+    parser.add_argument("--sentences", help="one sentence per line (default: Ding's validation)")
+    parser.add_argument("--json", help="write the results here")
+    return parser.parse_args(argv)
+
+
+def _sentences(path):
+    if path:
+        with open(path, encoding="utf-8") as f:
+            return [line.strip() for line in f if line.strip()]
+    from keras_transformer.data.sources import load_translation_data
+
+    return [source for source, _ in load_translation_data("ding").splits["validation"]]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(port, name, sentences):
+    body = json.dumps({"instances": sentences}).encode("utf-8")
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/models/{name}:predict", data=body,
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.load(response)
+
+
+def _load(port, name, sentences, clients, seconds):
+    latencies, errors = [], [0]
+    lock = threading.Lock()
+    stop = time.time() + seconds
+
+    def client(offset):
+        i = offset
+        while time.time() < stop:
+            start = time.perf_counter()
+            try:
+                _post(port, name, [sentences[i % len(sentences)]])
+                with lock:
+                    latencies.append(time.perf_counter() - start)
+            except OSError:
+                with lock:
+                    errors[0] += 1
+            i += clients
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    begin = time.time()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.time() - begin
+    quantiles = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [0] * 99
+    return {
+        "clients": clients,
+        "requests_per_second": len(latencies) / wall,
+        "latency_ms": {
+            "p50": 1e3 * quantiles[49],
+            "p90": 1e3 * quantiles[89],
+            "p99": 1e3 * quantiles[98],
+        },  # fmt: skip
+        "errors": errors[0],
+    }
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from keras_transformer.hardware import describe_cpu
+
+    cpu = describe_cpu()["summary"]
+    sentences = _sentences(args.sentences)[:2000]
+    port, name = _free_port(), "loadtest"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "keras_transformer.serve", args.export_dir, "--port", str(port),
+         "--model-name", name, "--max-wait-ms", str(args.max_wait_ms)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        for _ in range(600):
+            try:
+                _post(port, name, ["Haus"])
+                break
+            except OSError:
+                time.sleep(0.2)
+        results = [_load(port, name, sentences, c, args.seconds) for c in args.clients]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models/{name}/metadata") as r:
+            batches = json.load(r)["server"]["batches"]
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    direct = subprocess.run(
+        [sys.executable, "-c", DIRECT, args.export_dir], input="\n".join(sentences[:500]),
+        capture_output=True, text=True, cwd=ROOT, timeout=900,
+    )  # fmt: skip
+    direct_rate = float(direct.stdout.split()[-1]) if direct.returncode == 0 else None
+    print(f"CPU: {cpu}")
+    print("| clients | requests/s (= sentences/s) | p50 | p90 | p99 | errors |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        q = r["latency_ms"]
+        print(f"| {r['clients']} | {r['requests_per_second']:.1f} | {q['p50']:.0f} ms | "
+              f"{q['p90']:.0f} ms | {q['p99']:.0f} ms | {r['errors']} |")  # fmt: skip
+    print(
+        f"direct OnnxTranslator, batches of 32: {direct_rate} sentences/s; "
+        f"server batches: {batches}"
+    )
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"cpu": cpu, "results": results, "direct_sentences_per_second": direct_rate,
+                       "server_batches": batches}, f, indent=1)  # fmt: skip
+
+
+DIRECT = r"""
+import sys, time
+from keras_transformer import OnnxTranslator
+sentences = sys.stdin.read().splitlines()
+translator = OnnxTranslator(sys.argv[1], batch_size=32)
+translator.translate(sentences[:32])
+start = time.perf_counter()
+translator.translate(sentences)
+print(len(sentences) / (time.perf_counter() - start))
+"""
+
+
+if __name__ == "__main__":
+    main()
