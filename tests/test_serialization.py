@@ -87,7 +87,12 @@ def test_layer_config_round_trips(layer):
 @pytest.mark.multibackend
 def test_schedule_loss_and_metric_configs_round_trip():
     schedule = TransformerSchedule(d_model=256, warmup_steps=123, scale=2.0)
-    assert schedule.get_config() == {"d_model": 256, "warmup_steps": 123, "scale": 2.0}
+    assert schedule.get_config() == {
+        "d_model": 256,
+        "warmup_steps": 123,
+        "scale": 2.0,
+        "batches_per_update": 1,
+    }
     assert (
         TransformerSchedule.from_config(schedule.get_config()).get_config() == schedule.get_config()
     )
