@@ -44,6 +44,12 @@ def _check_early(args):
         raise FileNotFoundError(f"--ding-path {args.ding_path} is not a file.")
     if args.data_dir is not None and not os.path.isdir(args.data_dir):
         raise NotADirectoryError(f"--data-dir {args.data_dir} is not a directory.")
+    if args.mix is not None:
+        from keras_transformer.training.options import TrainingConfig
+
+        for folder, _ in TrainingConfig(data_dir=args.data_dir, mix=args.mix).mixture:
+            if not os.path.isdir(folder):
+                raise NotADirectoryError(f"--mix {folder} is not a directory.")
     if args.init_from is not None:
         from keras_transformer import workdir
 

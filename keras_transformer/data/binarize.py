@@ -73,7 +73,8 @@ def _tokenize_chunk(pairs, max_length, eos_id):
     target = np.fromiter(
         (token for i in keep for token in targets[i]), np.int32, int(target_lengths.sum())
     )
-    return source, target, source_lengths, target_lengths, len(pairs) - len(keep)
+    dropped = np.setdiff1d(np.arange(len(pairs), dtype=np.int64), keep, assume_unique=True)
+    return source, target, source_lengths, target_lengths, dropped
 
 
 def _chunks(pairs, size):
@@ -96,6 +97,9 @@ def tokenize_to_files(pairs, tokenizer_path, folder, max_length, eos_id=3, worke
         tokenizer_path: the SentencePiece model file.
         workers: tokenizing processes (None: `default_workers()`; 1: this process).
 
+    The split remembers how many pairs of each corpus it kept (`parts`) where
+    `pairs` mixes corpora (a `text_files.MixedTrainStream`: `sizes`).
+
     Returns:
         `load(folder)`: the split, memory-mapped.
     """
@@ -108,20 +112,30 @@ def tokenize_to_files(pairs, tokenizer_path, folder, max_length, eos_id=3, worke
     os.makedirs(temporary)
     files = {name: open(os.path.join(temporary, f"{name}.bin"), "wb") for name in FILES}
     counts = collections.Counter()
+    sizes = getattr(pairs, "sizes", None)
+    bounds = None if sizes is None else np.cumsum(sizes)
+    kept = None if sizes is None else np.array(sizes, dtype=np.int64)
     try:
         for arrays in _tokenized_chunks(pairs, tokenizer_path, max_length, eos_id, workers,
                                         chunk_pairs):  # fmt: skip
             *arrays, dropped = arrays
             for name, array in zip(FILES, arrays, strict=True):
                 array.tofile(files[name])
+            if kept is not None:  # the dropped pairs' corpora, from their positions
+                corpus = np.searchsorted(bounds, counts["read"] + dropped, side="right")
+                kept -= np.bincount(corpus, minlength=len(kept))
+            counts["read"] += len(arrays[2]) + len(dropped)
             counts["pairs"] += len(arrays[2])
-            counts["dropped"] += dropped
+            counts["dropped"] += len(dropped)
             counts["chunks"] += 1
     finally:
         for f in files.values():
             f.close()
     with open(os.path.join(temporary, META), "w", encoding="utf-8") as f:
-        json.dump({"pairs": counts["pairs"], "dropped": counts["dropped"], "dtype": "int32"}, f)
+        meta = {"pairs": counts["pairs"], "dropped": counts["dropped"], "dtype": "int32"}
+        if kept is not None:
+            meta["parts"] = kept.tolist()
+        json.dump(meta, f)
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(temporary, folder)
     seconds = time.time() - start
@@ -179,6 +193,7 @@ def load(folder):
         target_offsets=_offsets(target_lengths),
         lengths=np.maximum(source_lengths, target_lengths + 1),  # int32
         dropped=meta["dropped"],
+        parts=tuple(meta["parts"]) if "parts" in meta else None,
     )
 
 
@@ -196,7 +211,10 @@ def save(split, folder):
     for name, array in arrays.items():
         np.asarray(array, dtype=np.int32).tofile(os.path.join(temporary, f"{name}.bin"))
     with open(os.path.join(temporary, META), "w", encoding="utf-8") as f:
-        json.dump({"pairs": len(split), "dropped": int(split.dropped), "dtype": "int32"}, f)
+        meta = {"pairs": len(split), "dropped": int(split.dropped), "dtype": "int32"}
+        if split.parts is not None:
+            meta["parts"] = list(split.parts)
+        json.dump(meta, f)
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(temporary, folder)
 

@@ -43,6 +43,7 @@ from keras_transformer.data.planning import (
     bucket_sizes,
     concatenated_ranges,
     plan_batches,
+    plan_mixed,
     plan_packed_batches,
     plan_pass,
     statistics_of_plan,
@@ -60,6 +61,8 @@ class TokenizedSplit:
     Attributes:
         lengths: (N,) the batch width a pair needs: max(len(source) + 1, len(target) + 1).
         dropped: pairs left out for exceeding `max_length`.
+        parts: where the pairs are several corpora one after another (`--mix`), the
+            number of each's pairs, in order; None: one corpus.
     """
 
     source: np.ndarray
@@ -68,6 +71,7 @@ class TokenizedSplit:
     target_offsets: np.ndarray
     lengths: np.ndarray
     dropped: int
+    parts: tuple | None = None
 
     def __len__(self):
         return len(self.lengths)
@@ -228,6 +232,9 @@ class Batches:
             `PACKING_KEYS` in the features) instead of length buckets.
         timer: an `InputTimer` that accumulates the host time of assembling batches.
         boundaries: of the length buckets (`bucket_sizes`); unused when packing.
+        weights: a weight per corpus of a split that lays several one after
+            another (`split.parts`): each training pass draws their pairs in
+            proportion (`planning.plan_mixed`); None: every pair once per pass.
     """
 
     def __init__(
@@ -243,6 +250,7 @@ class Batches:
         pack=False,
         timer=None,
         boundaries=BUCKET_BOUNDARIES,
+        weights=None,
     ):
         if not len(split):
             raise ValueError(f"No pair of the split fits in max_length={max_length}.")
@@ -263,6 +271,15 @@ class Batches:
                 plan_batches, batch_tokens=batch_tokens, num_replicas=num_replicas,
                 boundaries=boundaries,
             )  # fmt: skip
+        if weights is not None and training:
+            if split.parts is None or len(split.parts) != len(weights):
+                raise ValueError(
+                    f"{len(weights)} corpus weights for a split of "
+                    f"{'one corpus' if split.parts is None else f'{len(split.parts)} corpora'}."
+                )
+            self._plan = functools.partial(
+                plan_mixed, plan=self._plan, parts=tuple(split.parts), weights=tuple(weights)
+            )
         self._passes = {}  # pass number -> its plan (training; the last two kept)
         self._ahead = {}  # pass number -> its plan to come, made by `_planner`
         self._planner = None

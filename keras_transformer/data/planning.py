@@ -273,6 +273,55 @@ def _rows_for_replicas(rows, num_replicas):
     return rows
 
 
+def mixture_indices(parts, weights, rng):
+    """The pairs one training pass draws from corpora laid one after another.
+
+    A pass holds as many pairs as all corpora together; corpus `c` (`parts[c]`
+    pairs) gets `weights[c] / sum(weights)` of them: each of its pairs
+    `k // parts[c]` times and a random `k % parts[c]` of them once more, so
+    that a corpus weighted down is sampled afresh every pass and one weighted
+    up is repeated evenly (OpenNMT's and Eole's corpus weights; fairseq's
+    `ResamplingDataset` draws the same shares with replacement).
+
+    Returns:
+        int64 indices into the concatenated pairs, in corpus order.
+    """
+    parts = np.asarray(parts, dtype=np.int64)
+    weights = np.asarray(weights, dtype=float)
+    if len(parts) != len(weights) or (weights <= 0).any():
+        raise ValueError(f"A positive weight per corpus. Received: weights={weights.tolist()}")
+    wanted = np.round(weights / weights.sum() * parts.sum()).astype(np.int64)
+    starts = np.cumsum(parts) - parts
+    chosen = []
+    for start, size, count in zip(starts.tolist(), parts.tolist(), wanted.tolist(), strict=True):
+        if not size:
+            continue
+        repeats, rest = divmod(count, size)
+        chosen.append(np.tile(np.arange(start, start + size), repeats))
+        chosen.append(start + rng.choice(size, rest, replace=False))
+    return np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, np.int64)
+
+
+def plan_mixed(split, plan, parts, weights, rng=None, drop_remainder=False):
+    """`plan` (`plan_batches` or `plan_packed_batches`) over the pairs a pass draws
+    from several corpora (`mixture_indices`); evaluation (`rng` None) plans all
+    pairs once. The batches index `split`'s pairs, as `plan`'s do."""
+    if rng is None:
+        return plan(split, rng=None, drop_remainder=drop_remainder)
+    lengths = split.planning()
+    chosen = mixture_indices(parts, weights, rng)
+    drawn = PlanningLengths(
+        lengths.lengths[chosen], lengths.source_lengths[chosen], lengths.target_lengths[chosen]
+    )
+    batches = plan(drawn, rng=rng, drop_remainder=drop_remainder)
+    if batches and isinstance(batches[0], tuple):  # packed: (width, PackedRows)
+        return [
+            (width, PackedRows(chosen[rows.pairs].astype(np.int32), rows.counts))
+            for width, rows in batches
+        ]
+    return [chosen[batch] for batch in batches]
+
+
 def plan_pass(plan, split, seed, number):
     """Training pass `number`'s plan: `plan(split, rng=...)` shuffled from `(seed, number)`."""
     return plan(split, rng=np.random.default_rng([seed, number]), drop_remainder=True)

@@ -47,7 +47,7 @@ def digest_file(path):
     return digest.hexdigest()
 
 
-def source_identity(dataset="ding", data_dir=None, direction=None, ding_path=None):
+def source_identity(dataset="ding", data_dir=None, direction=None, ding_path=None, mix=()):
     """What `load_translation_data` with these arguments reads, as a JSON-able dict:
     the digest of each split file of a folder or of the Ding dictionary (a TFDS
     corpus: its name, prepared once in the work directory), the direction, and the
@@ -72,7 +72,17 @@ def source_identity(dataset="ding", data_dir=None, direction=None, ding_path=Non
     for module in (ding, text_files, sources):
         with open(module.__file__, "rb") as f:
             parsers.update(f.read())
-    return {"files": files, "direction": direction, "parsers": parsers.hexdigest()}
+    identity = {"files": files, "direction": direction, "parsers": parsers.hexdigest()}
+    if mix:  # the mixed corpora's training files (their weights only weigh the passes)
+        identity["mix"] = [
+            {
+                name: digest_file(os.path.join(folder, name))
+                for name in sorted(os.listdir(folder))
+                if name.startswith("train.")
+            }
+            for folder, _ in mix
+        ]
+    return identity
 
 
 def read_corpus(folder, source):

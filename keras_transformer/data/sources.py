@@ -69,10 +69,12 @@ def _from_tfds_builder(builder, name, direction):
     return TranslationData(source, target, splits, info)
 
 
-def _from_folder(folder, direction, stream_train=False):
+def _from_folder(folder, direction, stream_train=False, mix=()):
     from keras_transformer.data import text_files
 
     languages, pairs = text_files.read_parallel_folder(folder, stream_train)
+    if mix:
+        pairs["train"] = _mixed(folder, languages, pairs["train"], mix)
     default = ("de", "en") if set(languages) == {"de", "en"} else languages
     source, target = parse_direction(direction, languages, default)
     if direction is None:
@@ -84,7 +86,7 @@ def _from_folder(folder, direction, stream_train=False):
     flip = (source, target) != languages
     splits = {}
     for split, split_pairs in pairs.items():
-        if isinstance(split_pairs, text_files.TrainStream):
+        if isinstance(split_pairs, (text_files.TrainStream, text_files.MixedTrainStream)):
             splits[split] = split_pairs.flipped() if flip else split_pairs
         else:
             splits[split] = [(b, a) for a, b in split_pairs] if flip else list(split_pairs)
@@ -92,12 +94,51 @@ def _from_folder(folder, direction, stream_train=False):
         "name": f"folder:{os.path.abspath(folder)}",
         "counts": {split: len(split_pairs) for split, split_pairs in pairs.items()},
     }
+    if mix:
+        info["mixture"] = mixture_info(pairs["train"])
     return TranslationData(source, target, splits, info)
+
+
+def _mixed(folder, languages, train, mix):
+    """`--data-dir`'s training pairs (weight 1) and those of each `(folder, weight)`
+    of `mix` as one `text_files.MixedTrainStream`; only their `train.*` files are read."""
+    from keras_transformer.data import text_files
+
+    if not isinstance(train, text_files.TrainStream):
+        raise ValueError("Mixing corpora reads their training pairs as streams (stream_train).")
+    parts, weights, names = [train], [1.0], [os.path.abspath(folder)]
+    for other, weight in mix:
+        found = text_files.find_languages(other)
+        if set(found) != set(languages):
+            raise ValueError(
+                f"--mix {other} holds train.{'/'.join(found)}, but --data-dir {folder} holds "
+                f"train.{'/'.join(languages)}: mixed corpora need the same two languages."
+            )
+        part, _ = text_files.scan_train_split(other, languages, hold_out=False)
+        parts.append(part)
+        weights.append(float(weight))
+        names.append(os.path.abspath(other))
+    mixed = text_files.MixedTrainStream(parts, weights, names)
+    for entry in mixture_info(mixed):
+        logger.info(
+            "Corpus %s: %d training pairs, weight %g: %.0f%% of each pass over the data",
+            entry["data_dir"], entry["pairs"], entry["weight"], 100 * entry["share"],
+        )  # fmt: skip
+    return mixed
+
+
+def mixture_info(train):
+    """Each mixed corpus's folder, weight, training pairs and share of a pass (`run.json`)."""
+    total = sum(train.weights)
+    return [
+        {"data_dir": name, "weight": weight, "pairs": size, "share": weight / total}
+        for name, weight, size in zip(train.names, train.weights, train.sizes, strict=True)
+    ]
 
 
 def load_translation_data(
     dataset="ding", data_dir=None, direction=None, tfds_data_dir=None, ding_path=None,
-    stream_train=False,
+    stream_train=False, mix=(),
 ):  # fmt: skip
     """Loads a parallel corpus as `TranslationData`.
 
@@ -113,9 +154,15 @@ def load_translation_data(
         stream_train: with `data_dir`, the training split is a
             `text_files.TrainStream`, read from its files when iterated (a
             corpus larger than memory; `data.binarize` tokenizes it in chunks).
+        mix: `(folder, weight)` pairs: more corpora whose `train.*` pairs are
+            trained on with `data_dir`'s (weight 1), each pass drawing them in
+            proportion to the weights (`text_files.MixedTrainStream`; needs
+            `stream_train`). Validation and test come from `data_dir`.
     """
+    if mix and data_dir is None:
+        raise ValueError("Mixing corpora (mix) needs data_dir: the first corpus's folder.")
     if data_dir is not None:
-        return _from_folder(data_dir, direction, stream_train)
+        return _from_folder(data_dir, direction, stream_train, mix)
     if dataset == "ding":
         data = _from_ding(ding_path, direction)
         data.info["sentences"] = _count_sentences(data)

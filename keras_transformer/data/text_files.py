@@ -132,6 +132,69 @@ class TrainStream:
         return list(itertools.islice(self, key.stop))
 
 
+class MixedTrainStream:
+    """The training pairs of several corpora, one after another, each with a weight
+    (`--mix`): a `TrainStream` per corpus, the first `--data-dir`'s.
+
+    Iterating gives every corpus's pairs in turn (tokenizing, the report,
+    the digests); what a pass over the data trains on is drawn from them in
+    proportion to the weights (`planning.plan_mixed`), as OpenNMT's and Eole's
+    corpus weights sample. `stream[:n]` (the vocabulary's sample) takes from
+    each corpus its weight's share of `n`.
+
+    Args:
+        parts: `TrainStream`s, the first the main corpus's.
+        weights: a positive number per part.
+        names: a name per part (its folder).
+    """
+
+    def __init__(self, parts, weights, names):
+        if not len(parts) == len(weights) == len(names):
+            raise ValueError("A weight and a name per corpus.")
+        self.parts, self.weights, self.names = list(parts), tuple(weights), tuple(names)
+
+    @property
+    def sizes(self):
+        """The pairs of each corpus, in order."""
+        return tuple(len(part) for part in self.parts)
+
+    @property
+    def empty(self):
+        return sum(getattr(part, "empty", 0) for part in self.parts)
+
+    def _with_parts(self, parts):
+        return MixedTrainStream(parts, self.weights, self.names)
+
+    def without(self, dropped):
+        """`TrainStream.without` of each corpus with its slice of `dropped`."""
+        dropped = np.asarray(dropped, dtype=bool)
+        if len(dropped) != len(self):
+            raise ValueError(f"{len(dropped)} flags for {len(self)} pairs.")
+        ends = np.cumsum(self.sizes)
+        starts = ends - self.sizes
+        parts = zip(self.parts, starts, ends, strict=True)
+        return self._with_parts([part.without(dropped[a:b]) for part, a, b in parts])
+
+    def flipped(self):
+        return self._with_parts([part.flipped() for part in self.parts])
+
+    def __len__(self):
+        return sum(self.sizes)
+
+    def __iter__(self):
+        for part in self.parts:
+            yield from part
+
+    def __getitem__(self, key):
+        if not isinstance(key, slice) or key.start not in (None, 0) or key.step not in (None, 1):
+            raise TypeError("A MixedTrainStream gives its first pairs only: stream[:n].")
+        shares = np.asarray(self.weights, dtype=float) / sum(self.weights)
+        pairs = []
+        for part, share in zip(self.parts, shares, strict=True):
+            pairs.extend(part[: int(round(key.stop * share))])
+        return pairs
+
+
 def _kept_pairs(paths):
     """The stripped pairs of two parallel files whose sides are both non-empty."""
     for a, b in zip(iter_lines(paths[0]), iter_lines(paths[1]), strict=True):

@@ -92,9 +92,13 @@ def prepare_inputs(config, machine, work, finished=None):
         pack=config.pack,
     )
     input_timer = InputTimer()
+    weights = None
+    if config.mixture:
+        weights = [1.0] + [weight for _, weight in config.mixture]
     train = Batches(
-        tokenized["train"], training=True, seed=config.seed, timer=input_timer, **common
-    )
+        tokenized["train"], training=True, seed=config.seed, timer=input_timer,
+        weights=weights, **common,
+    )  # fmt: skip
     stats = train.statistics()  # the plan of the first pass, which training then reads
     logger.info(
         "%s %d train pairs (full sentences %d times; %d longer than %d dropped) in %.0fs. "
@@ -129,12 +133,12 @@ def _corpus(config, work):
             )  # fmt: skip
             return data, _text_is_gone(config.data_dir), lambda: None
     source = shards.source_identity(
-        config.dataset, config.data_dir, config.direction, config.ding_path
+        config.dataset, config.data_dir, config.direction, config.ding_path, config.mixture
     )
     load = functools.partial(
         load_translation_data, config.dataset, data_dir=config.data_dir,
         direction=config.direction, tfds_data_dir=workdir.WorkDir(config.work_dir).tfds,
-        ding_path=config.ding_path, stream_train=True,
+        ding_path=config.ding_path, stream_train=True, mix=config.mixture,
     )  # fmt: skip
     source["filters"] = list(config.filter_names)  # the training pairs depend on them
     data = shards.read_corpus(work.data, source)
@@ -193,6 +197,10 @@ def _filtered(data, filters):
         else:
             train = train.without(dropped)
     info = dict(data.info, counts=dict(data.info["counts"], train=len(train)))
+    if "mixture" in info:
+        from keras_transformer.data.sources import mixture_info
+
+        info["mixture"] = mixture_info(train)
     info["report"] = report.to_dict()
     return dataclasses.replace(data, splits=dict(data.splits, train=train), info=info)
 

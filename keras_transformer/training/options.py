@@ -69,6 +69,13 @@ class TrainingConfig:
     data_dir: str | None = _option(
         help="folder of train.xx/train.yy, validation.*, test.* text (overrides --dataset)"
     )
+    mix: str | None = _option(
+        help="more training corpora mixed with --data-dir's, each DIR=WEIGHT (their train.* "
+        "files; --data-dir's weight is 1), comma separated: each pass over the data draws "
+        "the corpora's pairs in proportion to their weights (OpenNMT's and Eole's corpus "
+        "weights), e.g. --data-dir in_domain --mix general=0.5",
+        metavar="LIST",
+    )
     direction: str | None = _option(help="source-target languages, e.g. de-en or en-de")
     ding_path: str | None = _option(
         help="the Ding dictionary file (/usr/share/trans/de-en; a copy elsewhere, e.g. on a "
@@ -200,8 +207,31 @@ class TrainingConfig:
             return ()
         return tuple(name.strip() for name in self.filters.split(","))
 
+    @property
+    def mixture(self):
+        """`mix` as a tuple of `(folder, weight)`; () without it."""
+        if not self.mix:
+            return ()
+        entries = []
+        for entry in self.mix.split(","):
+            folder, equals, weight = entry.strip().rpartition("=")
+            try:
+                weight = float(weight)
+            except ValueError:
+                weight = None
+            if not equals or not folder or weight is None or not weight > 0:
+                raise ValueError(
+                    f"mix takes DIR=WEIGHT entries with a positive weight, comma separated; "
+                    f"{entry.strip()!r} is not one. Received: mix={self.mix!r}"
+                )
+            entries.append((folder, weight))
+        return tuple(entries)
+
     def __post_init__(self):
         from keras_transformer.data.report import FILTERS
+
+        if self.mixture and self.data_dir is None:
+            raise ValueError("mix adds corpora to data_dir's: give data_dir (--data-dir) too.")
 
         unknown = set(self.filter_names) - set(FILTERS)
         if unknown:
