@@ -161,9 +161,9 @@ def _keep(structure, indices):
 
 def greedy_search(
     tokens_to_logits, cache, start_ids, max_length, eos_id, max_lengths=None, pad_id=0,
-    min_length=MIN_LENGTH, drop_finished=None,
+    min_length=MIN_LENGTH, drop_finished=None, choose=None,
 ):  # fmt: skip
-    """Greedy decoding: the most likely next token at every step.
+    """Greedy decoding: the most likely next token at every step (or one drawn by `choose`).
 
     A row stops when it produces `eos_id` or reaches its length limit, and
     leaves the loop (`drop_finished`): later steps compute only the rows
@@ -183,6 +183,9 @@ def greedy_search(
         pad_id: int written after EOS.
         drop_finished: bool; None: `drops_finished()` (not under JAX).
             Either way the output is the same.
+        choose: `(logits (A, V) float32, step, rows (A,)) -> ids (A,)`, the next
+            token of each running row (`rows`: their places in the batch);
+            None: the most likely (`sampler` draws one).
 
     Returns:
         `(B, T)` int32 ids.
@@ -208,7 +211,10 @@ def greedy_search(
         alive = running["alive"]
         logits, cache = tokens_to_logits(running["last_ids"], running["cache"])  # (A, V)
         logits = _forbid_early_end(ops.cast(logits, "float32"), step, eos_id, min_length)
-        next_ids = ops.cast(ops.argmax(logits, axis=-1), "int32")  # (A,)
+        if choose is None:
+            next_ids = ops.cast(ops.argmax(logits, axis=-1), "int32")  # (A,)
+        else:
+            next_ids = ops.cast(choose(logits, step, running["rows"]), "int32")
         next_ids = ops.where(alive, next_ids, pad_id)
         hit, source = _match(running["rows"], places, alive)  # (B,)
         at_step = ops.logical_and(hit[:, None], ops.equal(_positions(tokens), step))  # (B, T)
@@ -474,6 +480,81 @@ def beam_search(
     return sequences, output["scores"]
 
 
+def _mix(x):
+    """An int32 hash with full avalanche (Thomas Mueller's, the multiplications
+    wrapping, the shifts made logical by masking): counter-based random numbers
+    that every backend computes alike, inside any loop, from tensor seeds."""
+    for _ in range(2):
+        x = ops.multiply(ops.bitwise_xor(ops.bitwise_and(ops.right_shift(x, 16), 0xFFFF), x),
+                         0x45D9F3B)  # fmt: skip
+    return ops.bitwise_xor(ops.bitwise_and(ops.right_shift(x, 16), 0xFFFF), x)
+
+
+def uniform(seeds, step):
+    """`(A,)` float32 in (0, 1): the number of each row's seed at `step`, the same
+    on every backend and in every batch the row is decoded in."""
+    x = _mix(ops.bitwise_xor(_mix(ops.cast(seeds, "int32")), ops.cast(step, "int32") + 1))
+    return (ops.cast(ops.bitwise_and(x, 0xFFFFFF), "float32") + 0.5) / float(1 << 24)
+
+
+def sampler(seeds, temperature=1.0, top_k=0):
+    """A `greedy_search` `choose` that draws the next token from the model's
+    distribution, as back-translation samples (Edunov et al., 2018; fairseq's
+    `--sampling`, CTranslate2's `sampling_topk`).
+
+    Args:
+        seeds: `(B,)` int32, one per row of the batch: its draws depend on its
+            seed and the step alone (`uniform`), not on the batch it is in.
+        temperature: float > 0; the logits are divided by it.
+        top_k: int; draw among the `top_k` most likely tokens (0: all).
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0. Received: temperature={temperature}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"top_k must be an integer >= 0. Received: top_k={top_k!r}")
+
+    def choose(logits, step, rows):
+        if top_k:
+            logits, ids = ops.top_k(logits, min(top_k, logits.shape[-1]))  # (A, k)
+        probs = ops.softmax(logits / temperature, axis=-1)
+        cdf = ops.cumsum(probs, axis=-1)  # (A, k)
+        u = uniform(ops.take(seeds, rows), step)[:, None] * cdf[:, -1:]
+        index = ops.minimum(ops.sum(ops.cast(cdf < u, "int32"), axis=-1), cdf.shape[-1] - 1)
+        if not top_k:
+            return index
+        return ops.take_along_axis(ops.cast(ids, "int32"), index[:, None], axis=1)[:, 0]
+
+    return choose
+
+
+FORCED = ("forced_ids", "forced_step")  # the cache entries of `force_prefix`
+
+
+def force_prefix(tokens_to_logits, pad_id=0):
+    """Wraps a step function so that each row's first outputs are its forced
+    prefix (CTranslate2's `target_prefix`): the cache carries `forced_ids`
+    `(B, P)` (the prefix, `pad_id` after it: no forcing) and `forced_step`
+    `(B,)`, so that they follow their rows through beam reordering and
+    dropped rows. At a forced step every other token's logit is NEG_INF: greedy
+    search and sampling take the prefix, beam search keeps one hypothesis
+    through it (the prefix's probability is not in the scores)."""
+
+    def step(tokens, cache):
+        forced_ids, at = cache["forced_ids"], cache["forced_step"]
+        inner = {key: value for key, value in cache.items() if key not in FORCED}
+        logits, inner = tokens_to_logits(tokens, inner)  # (A, V)
+        width = ops.shape(forced_ids)[1]
+        column = ops.minimum(at, width - 1)[:, None]
+        forced = ops.take_along_axis(forced_ids, column, axis=1)[:, 0]  # (A,)
+        active = ops.logical_and(at < width, ops.not_equal(forced, pad_id))  # (A,)
+        vocab = ops.arange(ops.shape(logits)[-1], dtype="int32")[None, :]  # (1, V)
+        other = ops.logical_and(active[:, None], ops.not_equal(vocab, forced[:, None]))
+        logits = ops.where(other, ops.cast(NEG_INF, logits.dtype), logits)
+        return logits, dict(inner, forced_ids=forced_ids, forced_step=at + 1)
+
+    return step
+
+
 def suppress_tokens(tokens_to_logits, token_ids):
     """Wraps a step function so that it never predicts `token_ids` (e.g. PAD and BOS).
 
@@ -537,6 +618,9 @@ def translate_ids(
     stopping=PAPER.stopping,
     patience=PAPER.patience,
     drop_finished=None,
+    prefix_ids=None,
+    sampling=None,
+    seeds=None,
 ):
     """Source ids to output ids with the model's key/value cache. Pure tensor code.
 
@@ -556,6 +640,11 @@ def translate_ids(
         drop_finished: bool; None: `drops_finished()`. Finished rows leave
             the loop and the self-attention cache grows step by step
             (`model.GrowingCache`); False keeps fixed shapes (JAX, XLA).
+        prefix_ids: optional `(B, P)` int, each output's forced first tokens
+            (`force_prefix`), `pad_id` after a shorter prefix.
+        sampling: optional `(temperature, top_k)`: draw each token (`sampler`)
+            instead of searching; needs `seeds` and `beam_size=1`.
+        seeds: `(B,)` int32, each sentence's seed for `sampling`.
 
     Returns:
         `(B, T)` int32 ids: the best hypothesis without BOS, EOS included,
@@ -563,6 +652,11 @@ def translate_ids(
         With `num_hypotheses=N`: `(ids (B, N, T), scores (B, N))`, best first,
         the scores length-penalized log-probabilities (`beam_search`'s).
     """
+    if sampling is not None and (beam_size != 1 or num_hypotheses is not None or seeds is None):
+        raise ValueError(
+            "Sampling draws one output per sentence: it needs beam_size=1, no num_hypotheses, "
+            f"and seeds. Received: beam_size={beam_size}, num_hypotheses={num_hypotheses}"
+        )
     if num_hypotheses is not None and not 1 <= num_hypotheses <= beam_size:
         raise ValueError(
             f"num_hypotheses must be between 1 and beam_size={beam_size}. "
@@ -585,8 +679,13 @@ def translate_ids(
     search = dict(max_lengths=max_lengths, eos_id=config.eos_id, pad_id=config.pad_id,
                   drop_finished=drop_finished)  # fmt: skip
     step = suppress_tokens(model.decode_step, (config.pad_id, config.bos_id))
+    if prefix_ids is not None:
+        prefix_ids = ops.cast(prefix_ids, "int32")
+        cache = dict(cache, forced_ids=prefix_ids, forced_step=ops.zeros_like(start_ids))
+        step = force_prefix(step, config.pad_id)
     if beam_size == 1 and num_hypotheses is None:
-        return greedy_search(step, cache, start_ids, buffer_length, **search)
+        choose = None if sampling is None else sampler(seeds, *sampling)
+        return greedy_search(step, cache, start_ids, buffer_length, choose=choose, **search)
     sequences, scores = beam_search(
         step, cache, start_ids, buffer_length, beam_size=beam_size, alpha=alpha,
         stopping=stopping, patience=patience, shared=getattr(model, "SOURCE_CACHE", ()),
@@ -606,9 +705,12 @@ def compile_translate_ids(
     num_hypotheses=None,
     stopping=PAPER.stopping,
     patience=PAPER.patience,
+    sampling=None,
+    prefix=False,
 ):
     """`translate_ids` compiled for the current backend: `fn(source_ids) -> ids`
-    (with `num_hypotheses`: `-> (ids, scores)`).
+    (with `num_hypotheses`: `-> (ids, scores)`). With `sampling` (`(temperature,
+    top_k)`) or `prefix`: `fn(source_ids, seeds (B,), prefix_ids (B, P)) -> ids`.
 
     TensorFlow: one `tf.function` with an int32 `(None, None)` input
     signature (traced once for every batch size and source length), with
@@ -616,20 +718,34 @@ def compile_translate_ids(
     (recompiles per input shape, so pad lengths to a few buckets). torch:
     eager under `torch.no_grad()`.
     """
+    settings = dict(
+        beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length,
+        num_hypotheses=num_hypotheses, stopping=stopping, patience=patience,
+        drop_finished=False if jit_compile else None,  # XLA: static shapes
+    )  # fmt: skip
+    extra = sampling is not None or prefix
 
-    def run(source_ids):
+    def run(source_ids, seeds=None, prefix_ids=None):
+        if not extra:
+            return translate_ids(model, source_ids, **settings)
         return translate_ids(
-            model, source_ids, beam_size, alpha, max_extra_length, num_hypotheses, stopping,
-            patience, drop_finished=False if jit_compile else None,  # XLA: static shapes
+            model, source_ids, **settings, sampling=sampling, seeds=seeds,
+            prefix_ids=prefix_ids if prefix else None,
         )  # fmt: skip
 
     backend = keras.backend.backend()
     if backend == "tensorflow":
         import tensorflow as tf
 
+        signature = [tf.TensorSpec((None, None), tf.int32, name="source_ids")]
+        if extra:
+            signature += [
+                tf.TensorSpec((None,), tf.int32, name="seeds"),
+                tf.TensorSpec((None, None), tf.int32, name="prefix_ids"),
+            ]
         return tf.function(
             run,
-            input_signature=[tf.TensorSpec((None, None), tf.int32, name="source_ids")],
+            input_signature=signature,
             jit_compile=jit_compile,
             autograph=False,  # the search's loops are explicit `ops` loops
         )
@@ -639,17 +755,17 @@ def compile_translate_ids(
         variables = model.variables
 
         @jax.jit
-        def stateless(values, source_ids):
+        def stateless(values, *inputs):
             with keras.StatelessScope(state_mapping=list(zip(variables, values, strict=True))):
-                return run(source_ids)
+                return run(*inputs)
 
-        return lambda source_ids: stateless([v.value for v in variables], source_ids)
+        return lambda *inputs: stateless([v.value for v in variables], *inputs)
     if backend == "torch":
         import torch
 
-        def no_grad(source_ids):
+        def no_grad(*inputs):
             with torch.no_grad():
-                return run(source_ids)
+                return run(*inputs)
 
         return no_grad
     return run

@@ -2,6 +2,7 @@
 
     python -m keras_transformer.translate --work-dir runs/small < source.txt
     keras-transformer-translate --work-dir runs/small --input source.txt --beam-size 4
+    keras-transformer-translate --work-dir runs/small --input mono.en --sampling-topk 0 --seed 1
 
 Reads `<work_dir>/model.keras` and `<work_dir>/vocab.model` (written by
 `python train.py`), one sentence per line from `--input` or stdin, and
@@ -65,6 +66,29 @@ def parse_args(argv=None):
     parser.add_argument(
         "--attention-head", type=int, default=None, help="head plotted (default: mean of heads)"
     )
+    parser.add_argument(
+        "--target-prefix",
+        metavar="TEXT",
+        help="every translation starts with TEXT and the search goes on from it",
+    )
+    parser.add_argument(
+        "--target-prefix-file",
+        metavar="FILE",
+        help="one prefix per input line (an empty line: none)",
+    )
+    parser.add_argument(
+        "--sampling-topk",
+        type=int,
+        default=1,
+        help="1 (default) searches; K > 1 draws each token among the K most likely, 0 among "
+        "all (back-translation), one output per line, without the beam",
+    )
+    parser.add_argument(
+        "--sampling-temperature", type=float, default=1.0, help="of --sampling-topk (default 1)"
+    )
+    parser.add_argument(
+        "--seed", type=int, help="of --sampling-topk: the same input and seed, the same output"
+    )
     add_debug_flag(parser)
     return parser.parse_args(argv)
 
@@ -110,7 +134,22 @@ def _main(args):
     progress = args.progress == "always" or (
         args.progress == "auto" and len(lines) > args.batch_size
     )
-    for translation in translator.translate(lines, progress=progress):
+    prefix = args.target_prefix
+    if args.target_prefix_file is not None:
+        if prefix is not None:
+            raise ValueError("Give --target-prefix or --target-prefix-file, not both.")
+        with open(args.target_prefix_file, encoding="utf-8") as f:
+            prefix = f.read().splitlines()
+        if len(prefix) != len(lines):
+            raise ValueError(
+                f"--target-prefix-file {args.target_prefix_file} has {len(prefix)} lines for "
+                f"{len(lines)} input lines: one prefix per line."
+            )
+    options = dict(
+        target_prefix=prefix, sampling_topk=args.sampling_topk,
+        sampling_temperature=args.sampling_temperature, seed=args.seed,
+    )  # fmt: skip
+    for translation in translator.translate(lines, progress=progress, **options):
         sys.stdout.write(translation + "\n")
     sys.stdout.flush()
     if args.plot_attention:

@@ -6,7 +6,7 @@ import keras
 import numpy as np
 
 from keras_transformer import frontend
-from keras_transformer.decoding import compile_translate_ids
+from keras_transformer.decoding import compile_translate_ids, sampler
 from keras_transformer.search import PAPER
 
 logger = logging.getLogger(__name__)
@@ -193,7 +193,10 @@ class Translator:
         frontend.run_batches(batches, run, progress)
         return outputs
 
-    def translate(self, sentences, progress=False, num_hypotheses=None, return_scores=False):
+    def translate(
+        self, sentences, progress=False, num_hypotheses=None, return_scores=False,
+        target_prefix=None, sampling_topk=1, sampling_temperature=1.0, seed=None,
+    ):  # fmt: skip
         """A list of strings -> a list of translations, in the same order.
 
         Args:
@@ -204,22 +207,116 @@ class Translator:
             return_scores: bool. Pair each translation with its score, the
                 length-penalized log-probability the beam ranks by (with
                 beam size 1, a beam of one).
+            target_prefix: None, a str every translation starts with, or a
+                list of one str per sentence ("" for none): the outputs begin
+                with these pieces and the search goes on from them
+                (CTranslate2's `target_prefix`; a domain or language tag, an
+                interactive translator's accepted words). The scores leave
+                the prefix's probability out.
+            sampling_topk: 1 (default) searches; K > 1 draws each token among the
+                K most likely, 0 among all (back-translation: Edunov et al.,
+                2018), one output per sentence, without the beam.
+            sampling_temperature: float > 0: the logits are divided by it.
+            seed: int, the draws of `sampling_topk`: the same sentences and
+                seed give the same outputs, in any batch; None draws a seed.
 
         Returns:
             list of str; with `num_hypotheses`, a list of lists of N; with
             `return_scores`, `(translation, score)` tuples in their place.
             A blank sentence gives "" (N times) with score 0.0.
         """
+        sampling = None
+        if sampling_topk != 1:
+            if num_hypotheses is not None or return_scores:
+                raise ValueError(
+                    "Sampling draws one output per sentence, without scores: leave "
+                    "num_hypotheses and return_scores out with sampling_topk != 1."
+                )
+            sampling = (float(sampling_temperature), sampling_topk)
+            sampler(None, *sampling)  # checks the two settings
+        source_ids = self.encode(sentences)
+        prefixes = self._prefix_ids(target_prefix, len(source_ids))
+        if sampling is not None or prefixes is not None:
+            if seed is None:
+                seed = int(np.random.SeedSequence().generate_state(1)[0] >> 1)
+            seeds = np.random.default_rng(seed).integers(0, 2**31 - 1, len(source_ids))
+            extras = (sampling, prefixes, seeds)
+        else:
+            extras = None
         if num_hypotheses is None and not return_scores:
-            return self.decode(self.translate_ids(self.encode(sentences), progress=progress))
+            if extras is None:
+                return self.decode(self.translate_ids(source_ids, progress=progress))
+            ids = self._search_with(source_ids, None, extras, progress)
+            return self.decode([hypotheses[0][0] if hypotheses[0] else [] for hypotheses in ids])
         n = 1 if num_hypotheses is None else num_hypotheses
-        hypotheses = self.translate_n_best(self.encode(sentences), n, progress)
+        if extras is None:
+            hypotheses = self.translate_n_best(source_ids, n, progress)
+        else:
+            hypotheses = self._search_with(source_ids, n, extras, progress)
         results = []
         for ids, scores in hypotheses:
             texts = self.decode(ids) if ids else [""] * n
             entry = list(zip(texts, scores, strict=True)) if return_scores else texts
             results.append(entry if num_hypotheses is not None else entry[0])
         return results
+
+    def _prefix_ids(self, target_prefix, count):
+        """`target_prefix` as a list of piece-id lists (None: no prefix)."""
+        if target_prefix is None:
+            return None
+        if isinstance(target_prefix, str):
+            target_prefix = [target_prefix] * count
+        target_prefix = frontend.check_sentences(list(target_prefix), "target_prefix")
+        if len(target_prefix) != count:
+            raise ValueError(
+                f"target_prefix has {len(target_prefix)} entries for {count} sentences: "
+                "give one per sentence, or one string for all."
+            )
+        pieces = _as_lists(self.tokenizer.tokenize(target_prefix))
+        return [ids if text.strip() else [] for text, ids in zip(target_prefix, pieces,
+                                                                  strict=True)]  # fmt: skip
+
+    def _search_with(self, source_ids, num_hypotheses, extras, progress):
+        """`translate_n_best`'s `(ids lists, scores)` per sentence with a forced
+        prefix and/or sampling (`extras`: `(sampling, prefixes, seeds)`);
+        without `num_hypotheses` the scores are absent (`(ids, None)`)."""
+        sampling, prefixes, seeds = extras
+        search = self.search
+        if sampling is not None:
+            search = search.replace(beam_size=1)
+        key = (num_hypotheses, sampling, prefixes is not None)
+        if key not in self._n_best:
+            self._n_best[key] = compile_translate_ids(
+                self.model, **search.to_dict(), jit_compile=self.jit_compile,
+                num_hypotheses=num_hypotheses, sampling=sampling, prefix=prefixes is not None,
+            )  # fmt: skip
+        run_search = self._n_best[key]
+        n = num_hypotheses or 1
+        outputs = [([], [0.0] * n) for _ in source_ids]
+
+        def run(batch):
+            pad = self.config.pad_id
+            width = max([len(prefixes[i]) for i in batch] if prefixes else [1])
+            padded = np.full((len(batch), -(-max(width, 1) // 8) * 8), pad, dtype="int32")
+            for row, i in enumerate(batch):
+                if prefixes:
+                    padded[row, : len(prefixes[i])] = prefixes[i]
+            result = run_search(
+                self._padded(source_ids, batch), seeds[batch].astype("int32"), padded
+            )
+            if num_hypotheses is None:
+                ids, scores = keras.ops.convert_to_numpy(result)[:, None], None
+            else:
+                ids, scores = (keras.ops.convert_to_numpy(x) for x in result)
+            for row, i in enumerate(batch):
+                outputs[i] = (
+                    ids[row].tolist(),
+                    None if scores is None else [float(x) for x in scores[row]],
+                )
+
+        batches = frontend.batches_by_length([len(ids) for ids in source_ids], self.batch_size)
+        frontend.run_batches(batches, run, progress)
+        return outputs
 
     def translate_n_best(self, source_ids, num_hypotheses, progress=False):
         """Lists of source ids -> `(N output id lists, N scores)` per sentence

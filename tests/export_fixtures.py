@@ -105,13 +105,20 @@ def make_work_dir(path, steps=96):
     return path
 
 
+def trained(tmp_path_factory):
+    """The tiny trained work dir (`make_work_dir`), built once per session."""
+    if "trained" not in _CACHE:
+        _CACHE["trained"] = make_work_dir(str(tmp_path_factory.mktemp("trained") / "work"))
+    return _CACHE["trained"]
+
+
 def exported(tmp_path_factory):
     """`(work_dir, paths)`: the tiny work dir and its exports, built once."""
     if "exported" not in _CACHE:
         from keras_transformer.export import export_after_training
 
         root = tmp_path_factory.mktemp("export")
-        work_dir = make_work_dir(str(root / "work"))
+        work_dir = trained(tmp_path_factory)
         with open(os.path.join(work_dir, "run.json")) as f:
             run_info = json.load(f)
         # What `python train.py` calls at the end of training.
