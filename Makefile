@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 CORPUS := /usr/share/trans/de-en
 PYTEST_ARGS ?=
 
-.PHONY: train test install corpus lint
+.PHONY: train test install corpus browser lint
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,10 +24,16 @@ corpus:
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq trans-de-en; }
 
+# Chromium and its driver (Debian packages) for the server page's browser test.
+browser:
+	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium chromium-driver; }
+
 train: install corpus
 	$(PY) train.py $(TRAIN_ARGS)
 
-test: install corpus
+test: install corpus browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 	KERAS_BACKEND=jax $(PY) -m pytest -m multibackend $(PYTEST_ARGS)
 	KERAS_BACKEND=torch $(PY) -m pytest -m multibackend $(PYTEST_ARGS)

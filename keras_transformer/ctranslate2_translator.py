@@ -118,8 +118,11 @@ class CTranslate2Translator:
         return sources
 
     def translate_pieces(self, sources, beam_size, alpha, max_extra_length, stopping="k_finished",
-                         patience=1.0, exact_limits=True):  # fmt: skip
-        """Source pieces (EOS included) -> output piece lists (before EOS).
+                         patience=1.0, exact_limits=True, num_hypotheses=None):  # fmt: skip
+        """Source pieces (EOS included) -> output piece lists (before EOS); with
+        `num_hypotheses=N` (<= `beam_size`), `(N piece lists, N scores)` per
+        source, best first: CTranslate2's scores (log-probability over its
+        length penalty, `length ** alpha`).
 
         `exact_limits=False` runs a beam batch in one call with the longest
         limit (outputs cut to their own): how CTranslate2 is usually run,
@@ -142,6 +145,13 @@ class CTranslate2Translator:
             suppress_sequences=self._suppressed,
             max_input_length=0,
         )
+        if num_hypotheses is not None:
+            if not isinstance(num_hypotheses, int) or not 1 <= num_hypotheses <= beam_size:
+                raise ValueError(
+                    f"num_hypotheses must be between 1 and beam_size={beam_size}. "
+                    f"Received: num_hypotheses={num_hypotheses!r}"
+                )
+            settings.update(num_hypotheses=num_hypotheses, return_scores=True)
         # One limit per call in CTranslate2. Greedy: the prefix does not depend on it,
         # so one call and each output cut to its own limit give the package's output.
         # Beam: a limit changes the search, so each limit gets its own call and an
@@ -157,23 +167,36 @@ class CTranslate2Translator:
                 [sources[i] for i in members], max_decoding_length=limit, **settings
             )
             for i, result in zip(members, results, strict=True):
-                outputs[i] = result.hypotheses[0][: limits[i]]
+                if num_hypotheses is None:
+                    outputs[i] = result.hypotheses[0][: limits[i]]
+                else:
+                    hypotheses = [h[: limits[i]] for h in result.hypotheses]
+                    outputs[i] = (hypotheses, [float(x) for x in result.scores])
         return outputs
 
     def translate(self, sentences, progress=False, beam_size=None, alpha=None,
-                  max_extra_length=None, exact_limits=True):  # fmt: skip
-        """A list of strings (or UTF-8 bytes) -> a list of translations, in order."""
+                  max_extra_length=None, exact_limits=True, num_hypotheses=None):  # fmt: skip
+        """A list of strings (or UTF-8 bytes) -> a list of translations, in order;
+        with `num_hypotheses=N`, a list of N `(translation, score)` per sentence,
+        best first (`translate_pieces`; a blank sentence: N times `("", 0.0)`)."""
         texts = frontend.check_sentences(sentences, "CTranslate2Translator", accept_bytes=True)
         search = self.search.replace(
             beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length
         ).to_dict()
         lengths = [0 if frontend.is_blank(t) else len(t) for t in texts]
-        outputs = [""] * len(texts)
+        n = num_hypotheses
+        outputs = [""] * len(texts) if n is None else [[("", 0.0)] * n for _ in texts]
 
         def run(batch):
             pieces = self.translate_pieces(
-                self.encode([texts[i] for i in batch]), **search, exact_limits=exact_limits
-            )
+                self.encode([texts[i] for i in batch]), **search, exact_limits=exact_limits,
+                num_hypotheses=n,
+            )  # fmt: skip
+            if n is not None:
+                for i, (hypotheses, scores) in zip(batch, pieces, strict=True):
+                    ids = [[self.processor.piece_to_id(p) for p in h] for h in hypotheses]
+                    outputs[i] = list(zip(self.processor.decode(ids), scores, strict=True))
+                return
             ids = [[self.processor.piece_to_id(p) for p in row] for row in pieces]
             for i, text in zip(batch, self.processor.decode(ids), strict=True):
                 outputs[i] = text

@@ -19,7 +19,10 @@ against it unchanged (https://www.tensorflow.org/tfx/serving/api_rest):
     GET  /                               a page to type a sentence into
 
 Extra request fields, this server's own: `"beam_size"` (one the export
-has) and `"alpha"`. Errors come as TF Serving's, `{"error": "..."}` with
+has), `"alpha"`, and with `--engine ctranslate2` `"num_hypotheses": N`
+(<= the beam), which makes each prediction `{"translations": [N best],
+"scores": [N scores]}` (CTranslate2's; translate.onnx returns the best
+hypothesis only). Errors come as TF Serving's, `{"error": "..."}` with
 status 400 (404 for another model name), one line naming the problem.
 
 Requests are batched dynamically (`DynamicBatcher`): sentences that
@@ -169,7 +172,7 @@ def _sentences(body, max_sentences, max_characters):
     return sentences, columnar
 
 
-def _settings(body, beam_sizes, default_beam):
+def _settings(body, beam_sizes, default_beam, n_best=False):
     signature = body.get("signature_name", DEFAULT_SIGNATURE)
     if signature not in (DEFAULT_SIGNATURE, GREEDY_SIGNATURE):
         raise BadRequest(
@@ -185,6 +188,16 @@ def _settings(body, beam_sizes, default_beam):
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha < 0:
             raise BadRequest(f"alpha must be a number >= 0; got {alpha!r}.")
         settings["alpha"] = float(alpha)
+    if body.get("num_hypotheses") is not None:
+        n = body["num_hypotheses"]
+        if not n_best:
+            raise BadRequest(
+                "num_hypotheses needs the CTranslate2 engine (--engine ctranslate2): "
+                "translate.onnx returns the best hypothesis only."
+            )
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= beam:
+            raise BadRequest(f"num_hypotheses must be an integer in [1, {beam}]; got {n!r}.")
+        settings["num_hypotheses"] = n
     return settings
 
 
@@ -250,7 +263,7 @@ def make_app(model_name, beam_sizes, default_beam, limits, engine, batcher):
             sentences, columnar = _sentences(
                 body, limits["max_sentences"], limits["max_characters"]
             )
-            settings = _settings(body, beam_sizes, default_beam)
+            settings = _settings(body, beam_sizes, default_beam, engine == "ctranslate2")
         except BadRequest as e:
             return error(str(e))
         try:
@@ -266,10 +279,16 @@ def make_app(model_name, beam_sizes, default_beam, limits, engine, batcher):
             logger.exception("A request failed")
             return error(f"{type(e).__name__}: {e}", 500)
         key = "outputs" if columnar else "predictions"
+        if "num_hypotheses" in settings:
+            translations = [
+                {"translations": [t for t, _ in n_best], "scores": [s for _, s in n_best]}
+                for n_best in translations
+            ]
         return JSONResponse({key: translations})
 
     async def page(request):
-        return HTMLResponse(PAGE.replace("MODEL_NAME", model_name))
+        shown = "" if engine == "ctranslate2" else "display:none"  # n-best: CTranslate2's
+        return HTMLResponse(PAGE.replace("MODEL_NAME", model_name).replace("NBEST_STYLE", shown))
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -390,6 +409,8 @@ textarea { width: 100%; height: 6rem; font-size: 1rem; }
 <p><label>Search <select id="signature">
 <option value="serving_default">beam search</option>
 <option value="translate_greedy">greedy</option></select></label>
+<label style="NBEST_STYLE">N-best <select id="nbest"><option value="">off</option>
+<option>2</option><option>4</option></select></label>
 <button id="go">Translate</button></p>
 <div id="out" aria-live="polite"></div>
 <p><small>This export carries no attention weights: no heat map is shown
@@ -401,11 +422,15 @@ document.getElementById("go").addEventListener("click", async () => {
   if (!lines.length) { out.textContent = ""; return; }
   out.className = ""; out.textContent = "...";
   const body = {signature_name: document.getElementById("signature").value, instances: lines};
+  const n = document.getElementById("nbest").value;
+  if (n && body.signature_name !== "translate_greedy") body.num_hypotheses = Number(n);
   const response = await fetch("/v1/models/MODEL_NAME:predict",
     {method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body)});
   const payload = await response.json();
   if (payload.error) { out.className = "error"; out.textContent = payload.error; return; }
-  out.textContent = payload.predictions.join("\\n");
+  out.textContent = payload.predictions.map(p => typeof p === "string" ? p :
+    p.translations.map((t, i) => (i + 1) + ". " + t + "  (" + p.scores[i].toFixed(3) + ")")
+      .join("\\n")).join(body.num_hypotheses ? "\\n\\n" : "\\n");
 });
 </script>
 </body></html>

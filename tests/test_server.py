@@ -187,3 +187,85 @@ def test_a_request_in_flight_at_shutdown_is_answered(export, expected):
     # uvicorn re-raises the signal once it has shut down: the exit is by SIGTERM.
     assert process.wait(timeout=60) in (0, -signal.SIGTERM)
     assert answer.get("value") == expected["beam"]
+
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium from the system's packages (`make test` installs them with
+    apt-get, as it installs the corpus), driven by Selenium with the system's driver
+    (never Selenium Manager's download, which these machines cannot reach)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+def _translate_on_page(browser, port, text, **choices):
+    """Types `text` into the page, picks `choices` (select id -> visible text),
+    clicks Translate and returns what the page shows."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.select import Select
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(f"http://127.0.0.1:{port}/")
+    browser.find_element(By.ID, "src").send_keys(text)
+    for select, choice in choices.items():
+        Select(browser.find_element(By.ID, select)).select_by_visible_text(choice)
+    browser.find_element(By.ID, "go").click()
+    out = browser.find_element(By.ID, "out")
+    WebDriverWait(browser, 60).until(lambda _: out.text not in ("", "..."))
+    return out.text
+
+
+def test_a_person_types_sentences_into_the_page_and_sees_the_translations(
+    server, expected, browser
+):
+    from selenium.webdriver.common.by import By
+
+    shown = _translate_on_page(browser, server, "\n".join(SENTENCES[:3]))
+    assert shown.split("\n") == expected["beam"][:3]
+    shown = _translate_on_page(browser, server, SENTENCES[3], signature="greedy")
+    assert shown == expected["greedy"][3]
+    # The ONNX engine has no n-best: the page does not offer it.
+    assert not browser.find_element(By.ID, "nbest").is_displayed()
+
+
+def test_the_ctranslate2_engine_gives_the_n_best_with_scores_on_the_page_too(export, browser):
+    from keras_transformer.ctranslate2_translator import CTranslate2Translator
+
+    ct2_dir = export[1]["ctranslate2"]
+    reference = CTranslate2Translator(ct2_dir).translate(SENTENCES[:4], num_hypotheses=3)
+    assert any(len({t for t, _ in n_best}) == 3 for n_best in reference)  # three different
+    port = _free_port()
+    process = _start(ct2_dir, port, "--engine", "ctranslate2")
+    try:
+        status, body = _post(port, {"instances": SENTENCES[:4], "num_hypotheses": 3})
+        assert status == 200, body
+        for got, n_best in zip(body["predictions"], reference, strict=True):
+            assert got["translations"] == [t for t, _ in n_best]
+            assert got["scores"] == pytest.approx([s for _, s in n_best], abs=1e-4)
+            assert got["scores"] == sorted(got["scores"], reverse=True)
+        status, body = _post(port, {"instances": SENTENCES[:1], "num_hypotheses": 9})
+        assert status == 400 and "num_hypotheses must be an integer in [1, " in body["error"]
+        shown = _translate_on_page(browser, port, SENTENCES[0], nbest="2")
+        lines = shown.split("\n")
+        assert [line.split(". ", 1)[1].rsplit("  (", 1)[0] for line in lines] == [
+            t for t, _ in reference[0][:2]
+        ]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+
+
+def test_n_best_on_the_onnx_engine_is_a_bad_request_naming_the_engine(server):
+    status, body = _post(server, {"instances": SENTENCES[:1], "num_hypotheses": 2})
+    assert status == 400 and "--engine ctranslate2" in body["error"]
