@@ -1,14 +1,18 @@
 """Load on `keras-transformer-serve`: sentences/s and latency under concurrent clients,
 against the same export translated directly (`OnnxTranslator`, batches of 32) in one run.
 
-    python benchmarks/serve_load.py saved_models/transformer_de_en/onnx/1 --clients 1 8 32
+    python benchmarks/serve_load.py saved_models/transformer_de_en/onnx/1 --clients 1 8 32 128 \
+        --signatures serving_default translate_greedy --batching on off
+    python benchmarks/serve_load.py EXPORT --clients 128 --seconds 600   # the soak
 
 The server runs in a process of its own on a local port; each client thread
 sends one sentence per request (TF Serving's `{"instances": [s]}`), the next
 as soon as the last is answered, for `--seconds`; sentences are Ding's
 validation sentences (or `--sentences FILE`, one per line). Reports per
 client count: requests/s, sentences/s, latency p50/p90/p99, errors, and
-the server's batches (from its metadata). The direct row is the ceiling:
+the server's batches (from its metadata) and its resident memory before
+and after each row (`/proc`). `--batching off` starts the server with
+`--max-batch 1 --max-wait-ms 0` (one request per call). The direct row is the ceiling:
 the same sentences translated in batches without HTTP. Run alone on the
 machine; the CPU is named in the output.
 """
@@ -34,6 +38,11 @@ def parse_args(argv=None):
     )
     parser.add_argument("export_dir")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument(
+        "--signatures", nargs="+", default=["serving_default"],
+        help="serving_default (the export's beam) and/or translate_greedy",
+    )  # fmt: skip
+    parser.add_argument("--batching", nargs="+", default=["on"], choices=("on", "off"))
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
     parser.add_argument("--sentences", help="one sentence per line (default: Ding's validation)")
@@ -56,8 +65,16 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _post(port, name, sentences):
-    body = json.dumps({"instances": sentences}).encode("utf-8")
+def _rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return None
+
+
+def _post(port, name, sentences, signature="serving_default"):
+    body = json.dumps({"instances": sentences, "signature_name": signature}).encode("utf-8")
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/models/{name}:predict", data=body,
         headers={"Content-Type": "application/json"},
@@ -66,7 +83,7 @@ def _post(port, name, sentences):
         return json.load(response)
 
 
-def _load(port, name, sentences, clients, seconds):
+def _load(port, name, sentences, clients, seconds, signature="serving_default"):
     latencies, errors = [], [0]
     lock = threading.Lock()
     stop = time.time() + seconds
@@ -76,7 +93,7 @@ def _load(port, name, sentences, clients, seconds):
         while time.time() < stop:
             start = time.perf_counter()
             try:
-                _post(port, name, [sentences[i % len(sentences)]])
+                _post(port, name, [sentences[i % len(sentences)]], signature)
                 with lock:
                     latencies.append(time.perf_counter() - start)
             except OSError:
@@ -94,6 +111,7 @@ def _load(port, name, sentences, clients, seconds):
     quantiles = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [0] * 99
     return {
         "clients": clients,
+        "signature": signature,
         "requests_per_second": len(latencies) / wall,
         "latency_ms": {
             "p50": 1e3 * quantiles[49],
@@ -110,37 +128,56 @@ def main(argv=None):
 
     cpu = describe_cpu()["summary"]
     sentences = _sentences(args.sentences)[:2000]
-    port, name = _free_port(), "loadtest"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "keras_transformer.serve", args.export_dir, "--port", str(port),
-         "--model-name", name, "--max-wait-ms", str(args.max_wait_ms)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        for _ in range(600):
-            try:
-                _post(port, name, ["Haus"])
-                break
-            except OSError:
-                time.sleep(0.2)
-        results = [_load(port, name, sentences, c, args.seconds) for c in args.clients]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models/{name}/metadata") as r:
-            batches = json.load(r)["server"]["batches"]
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
+    results, batches = [], {}
+    for batching in args.batching:
+        extra = ["--max-wait-ms", str(args.max_wait_ms)]
+        if batching == "off":
+            extra = ["--max-wait-ms", "0", "--max-batch", "1"]
+        port, name = _free_port(), "loadtest"
+        server = subprocess.Popen(
+            [sys.executable, "-m", "keras_transformer.serve", args.export_dir, "--port",
+             str(port), "--model-name", name, "--max-sentences", "1000", *extra],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            for _ in range(600):
+                try:
+                    for signature in args.signatures:  # the first call of each search
+                        _post(port, name, ["Haus"], signature)
+                    break
+                except OSError:
+                    time.sleep(0.2)
+            for signature in args.signatures:
+                for clients in args.clients:
+                    before = _rss_mib(server.pid)
+                    row = _load(port, name, sentences, clients, args.seconds, signature)
+                    row.update(batching=batching, rss_mib_before=before,
+                               rss_mib_after=_rss_mib(server.pid))  # fmt: skip
+                    results.append(row)
+                    print(row, flush=True)
+            url = f"http://127.0.0.1:{port}/v1/models/{name}/metadata"
+            with urllib.request.urlopen(url) as r:
+                batches[batching] = json.load(r)["server"]["batches"]
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
     direct = subprocess.run(
         [sys.executable, "-c", DIRECT, args.export_dir], input="\n".join(sentences[:500]),
         capture_output=True, text=True, cwd=ROOT, timeout=900,
     )  # fmt: skip
     direct_rate = float(direct.stdout.split()[-1]) if direct.returncode == 0 else None
     print(f"CPU: {cpu}")
-    print("| clients | requests/s (= sentences/s) | p50 | p90 | p99 | errors |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| search | batching | clients | sentences/s | p50 | p90 | p99 | errors "
+        "| RSS MiB before -> after |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
     for r in results:
         q = r["latency_ms"]
-        print(f"| {r['clients']} | {r['requests_per_second']:.1f} | {q['p50']:.0f} ms | "
-              f"{q['p90']:.0f} ms | {q['p99']:.0f} ms | {r['errors']} |")  # fmt: skip
+        search = "greedy" if r["signature"] == "translate_greedy" else "beam"
+        print(f"| {search} | {r['batching']} | {r['clients']} | {r['requests_per_second']:.1f} | "
+              f"{q['p50']:.0f} ms | {q['p90']:.0f} ms | {q['p99']:.0f} ms | {r['errors']} | "
+              f"{r['rss_mib_before']:.0f} -> {r['rss_mib_after']:.0f} |")  # fmt: skip
     print(
         f"direct OnnxTranslator, batches of 32: {direct_rate} sentences/s; "
         f"server batches: {batches}"
