@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CORPUS := /usr/share/trans/de-en
-PYTEST_ARGS ?=
+PYTEST_ARGS =  # `make test PYTEST_ARGS=...` only: never taken from the environment
 
 .PHONY: train test install corpus browser lint
 
@@ -33,10 +33,12 @@ browser:
 train: install corpus
 	$(PY) train.py $(TRAIN_ARGS)
 
+# Every extra is installed here: a test skipped for a missing package fails
+# (tests/conftest.py). The backend of each run is set, never the environment's.
 test: install corpus browser
-	$(PY) -m pytest $(PYTEST_ARGS)
-	KERAS_BACKEND=jax $(PY) -m pytest -m multibackend $(PYTEST_ARGS)
-	KERAS_BACKEND=torch $(PY) -m pytest -m multibackend $(PYTEST_ARGS)
+	KERAS_TRANSFORMER_REQUIRE_EXTRAS=1 KERAS_BACKEND=tensorflow $(PY) -m pytest $(PYTEST_ARGS)
+	KERAS_TRANSFORMER_REQUIRE_EXTRAS=1 KERAS_BACKEND=jax $(PY) -m pytest -m multibackend $(PYTEST_ARGS)
+	KERAS_TRANSFORMER_REQUIRE_EXTRAS=1 KERAS_BACKEND=torch $(PY) -m pytest -m multibackend $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check keras_transformer tests train.py export benchmarks

@@ -97,12 +97,22 @@ def test_bad_input_follows_the_front_end_contract(translator):
         translator.translate(["haus"], beam_size=0)
 
 
-def test_int8_loads_and_translates(export):
+def test_int8_translates_as_float32_does_on_most_sentences(export):
+    """int8 weights change some logits a little: most outputs are float32's, and the
+    rest stay close (chrF against float32's outputs). The bounds are this fixture's
+    own measure less a margin (2026-11-26: 95% agree, chrF 99)."""
+    import sacrebleu
+
     from keras_transformer import CTranslate2Translator
 
+    sentences = held_out_sentences(100, seed=17)
+    float32 = CTranslate2Translator.load(export[1]).translate(sentences, beam_size=1)
     int8 = CTranslate2Translator.load(export[1], compute_type="int8")
-    outputs = int8.translate(SETTINGS, beam_size=1)
-    assert len(outputs) == len(SETTINGS) and all(isinstance(o, str) for o in outputs)
+    outputs = int8.translate(sentences, beam_size=1)
+    assert len(set(float32)) > 50  # the fixture's outputs are sentences, not one string
+    agree = sum(a == b for a, b in zip(outputs, float32, strict=True)) / len(sentences)
+    assert agree >= 0.8, agree
+    assert sacrebleu.corpus_chrf(outputs, [float32]).score >= 90.0
 
 
 def test_not_an_export_says_how_to_make_one(tmp_path):

@@ -48,10 +48,9 @@ def test_quality_benchmark_trains_validates_and_decodes_both_builds(tmp_path):
         assert math.isfinite(build["final_val_loss"]), name
         assert math.isfinite(build["token_val_loss"]), name  # per real token, both builds
         assert all(math.isfinite(p["val_loss"]) for p in build["curve"]), name
+        # A few minutes on a tiny corpus give no score worth a floor (issue 42): the
+        # scores' arithmetic is sacrebleu's; that every held-out sentence was decoded is ours.
         assert len(build["hypotheses"]) == 5, name
-        assert all(isinstance(h, str) for h in build["hypotheses"]), name
-        assert 0.0 <= build["chrf"] <= 100.0, name
-        assert 0.0 <= build["bleu"] <= 100.0, name
     # The same architecture in both builds: one vocabulary, one preset, one parameter count.
     ours, hub = report["builds"]["keras_transformer"], report["builds"]["keras_hub"]
     assert ours["params"] == hub["params"] > 0

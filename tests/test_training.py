@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from translation_fixtures import write_parallel_folder
 
-from keras_transformer import training
+from keras_transformer import training, workdir
 from keras_transformer.config import get_preset
 
 pytestmark = pytest.mark.slow
@@ -65,8 +65,7 @@ def test_tiny_run_on_two_replicas_lowers_loss_and_writes_work_dir(corpus, tmp_pa
     assert "val_bleu" in info["history"] and "learning_rate" in info["history"]
     for name in ("vocab.model", "model.keras", "run.json", "checkpoints", "logs"):
         assert os.path.exists(os.path.join(work_dir, name)), name
-    for key in ("bleu", "chrf"):
-        assert 0.0 <= info["metrics"]["test"][key] <= 100.0
+    assert info["metrics"]["test"]["segments"] == 10  # the --test-samples decoded and scored
     # The wall clock is accounted for, and averaging chose the lowest validation loss.
     timing = info["timing"]
     assert 0 < timing["train_steps_seconds"] <= timing["fit_seconds"]
@@ -113,39 +112,39 @@ def _train_command(corpus, work_dir, epochs, steps):
 def test_killed_run_resumes_from_backup_without_repeating_epochs(corpus, tmp_path):
     work_dir = tmp_path / "work"
     command = _train_command(corpus, work_dir, epochs=3, steps=40)
+    log = open(tmp_path / "first.log", "w")  # noqa: SIM115 - closed below
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT
+        command, stdout=log, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT
     )
-    seen = []
-    try:
-        for line in process.stdout:
-            seen.append(line)
-            if line.startswith("Epoch 2/3"):  # epoch 1 is finished and backed up
+    try:  # kill it once the backup holds a finished epoch (what the run writes, not its log)
+        deadline = time.time() + 600
+        while time.time() < deadline and process.poll() is None:
+            if (workdir.backup_epochs(str(work_dir)) or 0) >= 1:
                 process.send_signal(signal.SIGKILL)
                 break
+            time.sleep(0.05)
     finally:
         process.kill()
         process.wait()
-    assert process.returncode == -signal.SIGKILL, "".join(seen[-30:])
+        log.close()
+    assert process.returncode == -signal.SIGKILL, (tmp_path / "first.log").read_text()[-3000:]
     assert not (work_dir / "run.json").exists()
-    assert (work_dir / "backup").is_dir()
+    killed_at = workdir.backup_epochs(str(work_dir))
+    assert killed_at in (1, 2)  # a second epoch may have finished before the signal
 
     resumed = subprocess.run(
         command, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300
     )
     output = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, output[-3000:]
-    assert "Epoch 1/3" not in output
-    assert "Epoch 2/3" in output and "Epoch 3/3" in output
     info = json.loads((work_dir / "run.json").read_text())
-    assert info["training"]["epochs_run"] == 2  # epochs 2 and 3 only
-    # The resumed run knows what came before: the first process's epoch and
+    assert info["training"]["epochs_run"] == 3 - killed_at  # the rest only, none again
+    # The resumed run knows what came before: the first process's epochs and
     # training time (which a --max-train-minutes budget subtracts), and its
     # optimizer steps count in the run's total (which --init-from continues).
-    assert "Run: resumed, after 1 epochs" in output
-    assert info["run"]["kind"] == "resumed" and info["run"]["epochs"] == 1
+    assert info["run"]["kind"] == "resumed" and info["run"]["epochs"] == killed_at
     assert info["run"]["train_seconds"] > 0
-    assert info["metrics"]["train_steps"] == 80
+    assert info["metrics"]["train_steps"] == 40 * (3 - killed_at)
     assert info["metrics"]["optimizer_steps"] == 120
 
 

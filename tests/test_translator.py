@@ -48,18 +48,25 @@ def tiny_model(max_length=24):
 
 
 @pytest.mark.multibackend
-def test_batched_translation_equals_one_by_one(tokenizer):
-    model = tiny_model()
-    sentences = ["the cat sat", "ein hund", "", "good morning"]  # one padded width: one compile
-    translator = Translator(model, tokenizer, beam_size=2, batch_size=2, max_extra_length=4)
+def test_batched_translation_equals_one_by_one(tmp_path_factory):
+    """On the trained copy-task fixture, whose outputs are sentences (checked: not
+    blank, not all alike), so an all-EOS output could not pass."""
+    from export_fixtures import held_out_sentences, trained
+
+    work_dir = trained(tmp_path_factory)
+    sentences = held_out_sentences(7, seed=3) + [""]
+    translator = Translator.load(work_dir, beam_size=2, batch_size=3)
     batched = translator(sentences)
-    assert len(batched) == len(sentences) and batched[2] == ""
+    assert batched[-1] == "" and all(batched[:-1]) and len(set(batched[:-1])) >= 5, batched
     for sentence, translation in zip(sentences, batched, strict=True):
         assert translator(sentence) == translation
     # Strings are the detokenized ids of translate_ids on the same source ids.
-    source = translator.encode(["good morning"])[0]
-    ids = keras.ops.convert_to_numpy(translate_ids(model, np.array([source]), 2, 0.6, 4))
-    assert translator.decode(ids) == [translator("good morning")]
+    source = translator.encode(sentences[:1])[0]
+    search = translator.search
+    ids = translate_ids(translator.model, np.array([source]), 2, search.alpha,
+                        search.max_extra_length, stopping=search.stopping,
+                        patience=search.patience)  # fmt: skip
+    assert translator.decode(keras.ops.convert_to_numpy(ids)) == [batched[0]]
 
 
 def test_source_ids_end_with_eos_and_output_stops_at_eos(tokenizer):

@@ -55,7 +55,7 @@ def _check_run(result, work_dir):
     info = json.loads((work_dir / "run.json").read_text())
     losses = info["history"]["loss"]
     assert losses[-1] < losses[0], losses
-    assert 0.0 <= info["metrics"]["test"]["chrf"] <= 100.0
+    assert info["metrics"]["test"]["segments"] == 10  # --test-samples, decoded and scored
     assert "No export: the SavedModel and ONNX exporters trace the model with TensorFlow" in output
     assert (work_dir / "data" / "train" / "source.bin").exists()
     return info, output
