@@ -183,12 +183,17 @@ def average_checkpoints(model, paths):
     return model
 
 
-def average_by_validation(model, work_dir, batches, pad_id, average_last):
+def average_by_validation(model, work_dir, batches, pad_id, average_last, ema=False):
     """Averages the last k checkpoints into `model` for the k with the lowest validation loss.
 
     k runs over 1, 2, 3, 5, 8, 13, 21 up to `average_last` and the checkpoints
     there are (k = 1: the last weights, whose validation loss per real token
     `benchmarks/quality.py` compares).
+
+    With `ema` the model holds the moving average of the weights (`--ema`):
+    k = 1 is that average, and the last checkpoint's own weights
+    (`"last_checkpoint"`) are a candidate too (a run too short for the
+    average to forget its first weights keeps them).
 
     Args:
         batches: whole validation passes (`val_ds.evaluation()`).
@@ -205,6 +210,11 @@ def average_by_validation(model, work_dir, batches, pad_id, average_last):
         paths = []
     results = {1: validation_loss(model, batches, pad_id)}
     best_k, best_weights = 1, model.get_weights()
+    if ema and paths:
+        average_checkpoints(model, paths[-1:])
+        results["last_checkpoint"] = validation_loss(model, batches, pad_id)
+        if results["last_checkpoint"] < results[1]:
+            best_k, best_weights = "last_checkpoint", model.get_weights()
     for k in (2, 3, 5, 8, 13, 21):
         if k > min(average_last, len(paths)):
             break
@@ -215,7 +225,7 @@ def average_by_validation(model, work_dir, batches, pad_id, average_last):
     model.set_weights(best_weights)
     logger.info(
         "Checkpoint averaging: validation loss by number of last checkpoints averaged %s; "
-        "keeping %d", {k: round(v, 4) for k, v in results.items()}, best_k,
+        "keeping %s", {k: round(v, 4) for k, v in results.items()}, best_k,
     )  # fmt: skip
     return {
         "chosen": best_k,

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from translation_fixtures import write_parallel_folder
 
@@ -146,3 +147,48 @@ def test_expected_mistakes_end_in_one_line(tmp_path):
     _one_line_error(_train("--data-dir", str(lonely)), "exactly two training files")
     debug = _train("--preset", "huge", "--debug")
     assert debug.returncode == 1 and "Traceback" in debug.stderr
+
+
+def test_with_ema_the_saved_model_is_the_moving_average_or_the_better_candidate(tmp_path):
+    """`--ema 0.5` with one step per epoch: each epoch's checkpoint is one step's raw
+    weights, so the moving average is computable by hand (Keras: the first step's
+    weights, then `m * average + (1 - m) * weights`). model.keras, what the exports
+    read, is the candidate the validation loss chose: the average, or (a run too short
+    for it) the last checkpoint's raw weights."""
+    import keras
+
+    from keras_transformer import workdir
+
+    corpus = write_parallel_folder(tmp_path / "corpus", sizes=(200, 20, 20))
+    work = tmp_path / "work"
+    result = _train("--data-dir", str(corpus), "--work-dir", str(work), "--epochs", "4",
+                    "--steps", "1", "--ema", "0.5", "--average-last", "1",
+                    "--no-test")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    info = json.loads((work / "run.json").read_text())
+    chosen = info["averaging"]["chosen"]
+    assert set(info["averaging"]["val_loss"]) == {"1", "last_checkpoint"}
+    model = workdir.load_model(str(work))
+    steps = []
+    for path in sorted((work / "checkpoints").iterdir()):
+        model.load_weights(str(path))
+        steps.append([np.array(w) for w in model.get_weights()])
+    average = steps[0]
+    for weights in steps[1:]:
+        average = [0.5 * a + 0.5 * w for a, w in zip(average, weights, strict=True)]
+    saved = keras.saving.load_model(str(work / "model.keras")).get_weights()
+    expected = average if chosen == 1 else steps[-1]
+    for a, b in zip(saved, expected, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    # Candidate 1 was the hand-made average: its validation loss is the one recorded.
+    from keras_transformer.data import Batches, binarize
+    from keras_transformer.evaluation import validation_loss
+
+    split = binarize.load(str(work / "data" / "validation"))
+    batches = Batches(split, max_length=model.config.max_length, batch_tokens=256,
+                      training=False, pack=True)  # fmt: skip
+    model.set_weights(average)
+    loss = validation_loss(model, batches.evaluation(), model.config.pad_id)
+    assert loss == pytest.approx(info["averaging"]["val_loss"]["1"], rel=1e-4)
+    # The moving average is not the last weights (the check can tell them apart).
+    assert any(not np.allclose(a, w) for a, w in zip(average, steps[-1], strict=True))

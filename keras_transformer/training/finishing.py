@@ -37,7 +37,7 @@ def finish(model, config, work, inputs, is_chief):
     if config.average_last >= 1 and is_chief and not by_decoding:
         averaging = average_by_validation(
             model, work.path, inputs.val_ds.evaluation(), inputs.model_config.pad_id,
-            config.average_last,
+            config.average_last, ema=bool(config.ema),
         )  # fmt: skip
     data = inputs.data
     if not config.test or not data.splits["test"]:

@@ -111,9 +111,9 @@ class TrainingConfig:
     )
     ema: float | None = _option(
         help="keep an exponential moving average of the weights with this momentum (e.g. "
-        "0.999; Keras's use_ema): the model takes it when training ends, and checkpoint "
-        "averaging keeps it unless an average of the last checkpoints has a lower "
-        "validation loss",
+        "0.999; Keras's use_ema; 0: none): the model takes it when training ends, and "
+        "checkpoint averaging keeps it unless the last checkpoint or an average of the last "
+        "ones has a lower validation loss",
         metavar="MOMENTUM",
     )
     learning_rate_scale: float | None = _option(
@@ -260,8 +260,10 @@ class TrainingConfig:
         _ = self.search  # `SearchConfig`'s checks
         if self.cooldown is not None and not 0.0 <= self.cooldown <= 1.0:
             raise ValueError(f"cooldown must be in [0, 1]. Received: cooldown={self.cooldown}")
-        if self.ema is not None and not 0.0 < self.ema < 1.0:
-            raise ValueError(f"ema must be in (0, 1), e.g. 0.999. Received: ema={self.ema}")
+        if self.ema is not None and not 0.0 <= self.ema < 1.0:
+            raise ValueError(
+                f"ema must be in [0, 1): e.g. 0.999, or 0 for none. Received: ema={self.ema}"
+            )
         if (
             self.early_stopping
             and self.early_stopping_metric != "loss"

@@ -122,7 +122,7 @@ def build_model(config, machine, model_config, finished, precision):
             learning_rate_scale=config.learning_rate_scale,
             settable_learning_rate=config.cooldown > 0,  # `Cooldown` sets it
             accumulation_steps=config.accumulate_steps,
-            ema_momentum=config.ema,
+            ema_momentum=config.ema or None,  # 0: off
             jit_compile=precision.jit_compile,
         )
         model.optimizer.build(model.trainable_variables)
