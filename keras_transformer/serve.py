@@ -1,6 +1,6 @@
 """`keras-transformer-serve`: an export served over HTTP with TF Serving's REST contract.
 
-    pip install "keras-transformer[serve,server]"
+    pip install "keras-transformer-nmt[serve,server]"
     keras-transformer-serve saved_models/transformer_de_en/onnx/1 --port 8501
     python export/serving/client_rest.py "Das Haus ist klein."
 
@@ -381,7 +381,7 @@ def main(argv=None):
     except ImportError:
         raise SystemExit(
             "keras-transformer-serve needs the server extra: "
-            'pip install "keras-transformer[server]"'
+            'pip install "keras-transformer-nmt[server]"'
         ) from None
     start = time.time()
     app, name = build_app(args)

@@ -17,7 +17,7 @@ axis. The library functions do the same from Python:
 - `plot_translation_attention(translator, sentences, output_dir)`.
 
 Plotting needs matplotlib, an optional extra: `pip install
-"keras-transformer[plot]"`. Weights come from `Transformer.decode(...,
+"keras-transformer-nmt[plot]"`. Weights come from `Transformer.decode(...,
 return_attention_scores=True)`, which leaves the default path unchanged.
 """
 
@@ -44,7 +44,7 @@ def _matplotlib_figure():
     except ImportError as error:
         raise ImportError(
             "Plotting attention needs matplotlib, an optional dependency: "
-            "pip install 'keras-transformer[plot]' (or pip install matplotlib)"
+            "pip install 'keras-transformer-nmt[plot]' (or pip install matplotlib)"
         ) from error
     return Figure
 

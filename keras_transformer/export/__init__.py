@@ -108,7 +108,7 @@ def export_all(
         if importlib.util.find_spec("ctranslate2") is None:
             raise ValueError(
                 "The ctranslate2 format needs the ctranslate2 package: "
-                "`pip install 'keras-transformer[ctranslate2]'` (or `pip install ctranslate2`)."
+                "`pip install 'keras-transformer-nmt[ctranslate2]'` (or `pip install ctranslate2`)."
             )
     if version is None:  # one new version number for every format
         version = new_version(output_dir, name)
@@ -152,19 +152,20 @@ def default_name(run_info):
 
 def installed_formats():
     """`FORMATS` less `"ctranslate2"` where the ctranslate2 package is not installed
-    (an optional extra: `pip install 'keras-transformer[ctranslate2]'`), with a log line."""
+    (an optional extra: `pip install 'keras-transformer-nmt[ctranslate2]'`), with a log line."""
     import importlib.util
 
     if importlib.util.find_spec("ctranslate2") is not None:
         return FORMATS
     logger.info(
         "No CTranslate2 export: the ctranslate2 package is not installed "
-        "(pip install 'keras-transformer[ctranslate2]')."
+        "(pip install 'keras-transformer-nmt[ctranslate2]')."
     )
     return tuple(f for f in FORMATS if f != "ctranslate2")
 
 
-def export_after_training(work_dir, run_info, output_dir="saved_models", formats=None):
+def export_after_training(work_dir, run_info, output_dir="saved_models", formats=None,
+                          name=None):  # fmt: skip
     """What `training.run()` calls at the end: `export_all` with the run's name and search
     (`workdir.search_of`).
 
@@ -175,6 +176,8 @@ def export_after_training(work_dir, run_info, output_dir="saved_models", formats
 
     Args:
         formats: of `FORMATS`; None: `installed_formats()`.
+        name: the folder under `output_dir` (`train.py --export-name`); None:
+            `default_name(run_info)`, `transformer_<src>_<tgt>`.
 
     Returns:
         dict format -> the directory written.
@@ -182,7 +185,7 @@ def export_after_training(work_dir, run_info, output_dir="saved_models", formats
     import keras
 
     formats = installed_formats() if formats is None else formats
-    name = default_name(run_info)
+    name = name or default_name(run_info)
     if keras.backend.backend() == "tensorflow":
         return export_all(work_dir, output_dir=output_dir, name=name,
                           search=workdir.search_of(run_info), formats=formats)  # fmt: skip

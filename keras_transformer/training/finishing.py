@@ -77,7 +77,7 @@ def plain_float32(model):
     return plain
 
 
-def export(work, run_info, started):
+def export(work, run_info, started, name=None):
     """SavedModel, ONNX and (where installed) CTranslate2 exports of the finished run
     (`export.export_after_training`); the export time goes into run.json.
 
@@ -94,7 +94,7 @@ def export(work, run_info, started):
         )  # fmt: skip
         return
     export_start = time.time()
-    export_after_training(work.path, run_info)
+    export_after_training(work.path, run_info, name=name)
     run_info["timing"]["export_seconds"] = time.time() - export_start
     run_info["metrics"]["wall_seconds"] = time.time() - started
     work.write_run_record(run_info)

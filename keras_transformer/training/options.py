@@ -183,6 +183,12 @@ class TrainingConfig:
         "(1: no averaging)"
     )
     export: bool = _option(True, help="skip the SavedModel, ONNX and CTranslate2 exports")
+    export_name: str | None = _option(
+        help="the exports' folder under saved_models/ (default: transformer_<src>_<tgt>, e.g. "
+        "transformer_de_en); each export call adds one version number to it, the same for "
+        "every format",
+        metavar="NAME",
+    )
     prepare_only: bool = _option(
         False, help="write the vocabulary and the tokenized splits to --work-dir and stop (as "
         "fairseq-preprocess); the same command without it, here or on another machine with "
@@ -230,6 +236,15 @@ class TrainingConfig:
     def __post_init__(self):
         from keras_transformer.data.report import FILTERS
 
+        if self.export_name is not None and (
+            not self.export_name.strip()
+            or "/" in self.export_name
+            or self.export_name in (".", "..")
+        ):
+            raise ValueError(
+                "export_name names one folder, without '/'. "
+                f"Received: export_name={self.export_name!r}"
+            )
         if self.mixture and self.data_dir is None:
             raise ValueError("mix adds corpora to data_dir's: give data_dir (--data-dir) too.")
 

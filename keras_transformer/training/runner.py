@@ -77,7 +77,7 @@ def run(config=None, /, **options):
         work.write_run_record(run_info)
     run_record.report(run_info)
     if config.export and machine.is_chief:
-        export(work, run_info, started)
+        export(work, run_info, started, config.export_name)
     return run_info
 
 
