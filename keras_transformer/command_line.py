@@ -29,3 +29,76 @@ def run_main(prog, debug, body):
         message = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
         print(f"{prog}: error: {message}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+# --------------------------------------------------------------------------- option reference
+
+# The commands of docs/options.md: (the command as typed, module or file, what it is for).
+COMMANDS = (
+    ("python train.py", "train.py", "train, evaluate and export a model"),
+    ("keras-transformer-translate", "keras_transformer.translate", "translate a file"),
+    ("keras-transformer-average", "keras_transformer.averaging", "average checkpoints"),
+    ("python export/all.py", "keras_transformer.export.cli", "export a finished run"),
+    ("keras-transformer-serve", "keras_transformer.serve", "serve an export over HTTP"),
+)
+
+
+class _Parser(Exception):
+    def __init__(self, parser):
+        super().__init__("parser captured")
+        self.parser = parser
+
+
+def command_parser(target, root):
+    """The `argparse` parser of a command (`COMMANDS`), as its `parse_args` builds it,
+    caught before it parses anything."""
+    import argparse
+    import importlib
+    import importlib.util
+    import os
+    from unittest import mock
+
+    if target.endswith(".py"):
+        spec = importlib.util.spec_from_file_location("_command", os.path.join(root, target))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+
+    def capture(self, args=None, namespace=None):
+        raise _Parser(self)
+
+    arguments = ("Export a finished run.",) if target.endswith("export.cli") else ()
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", capture):
+        try:
+            module.parse_args(*arguments)
+        except _Parser as caught:
+            return caught.parser
+    raise RuntimeError(f"{target}.parse_args built no parser")
+
+
+def option_reference(root):
+    """docs/options.md: every command's `--help`, generated from its parser (80 columns)."""
+    import os
+
+    os.environ["COLUMNS"] = "100"  # argparse wraps to the terminal's width: fixed here
+    lines = [
+        "# Option reference",
+        "",
+        "Every command's options as its `--help` prints them, generated from the parsers",
+        "(`python -m keras_transformer.command_line > docs/options.md`;",
+        "`tests/test_docs.py` checks that this page is what it generates).",
+        "",
+    ]
+    for command, target, purpose in COMMANDS:
+        parser = command_parser(target, root)
+        parser.prog = command
+        lines += [f"## `{command}`: {purpose}", "", "```text", parser.format_help().rstrip()]
+        lines += ["```", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import os
+
+    sys.stdout.write(option_reference(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

@@ -60,6 +60,7 @@ class CTranslate2Translator:
         import ctranslate2
         import sentencepiece
 
+        export_dir = frontend.newest_version(export_dir)  # .../ctranslate2: the newest version
         info_path = os.path.join(export_dir, "keras_transformer.json")
         if not os.path.isfile(info_path):
             raise FileNotFoundError(

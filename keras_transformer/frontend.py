@@ -98,3 +98,18 @@ def run_batches(batches, run, progress=False):
             bar.update(len(batch))
     if bar is not None:
         bar.close()
+
+
+def newest_version(export_dir):
+    """`export_dir`, or where it holds TF Serving's integer version folders and no
+    export of its own, its newest version: `OnnxTranslator("saved_models/NAME/onnx")`
+    loads what the last export call wrote, as TF Serving serves the newest."""
+    import os
+
+    if not os.path.isdir(export_dir) or any(
+        os.path.isfile(os.path.join(export_dir, name))
+        for name in ("config.json", "keras_transformer.json", "saved_model.pb")
+    ):
+        return export_dir
+    versions = [int(name) for name in os.listdir(export_dir) if name.isdigit()]
+    return os.path.join(export_dir, str(max(versions))) if versions else export_dir

@@ -72,6 +72,7 @@ class OnnxTranslator:
     ):
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}. Received: {precision!r}")
+        export_dir = frontend.newest_version(export_dir)  # saved_models/NAME/onnx: the newest
         config_path = os.path.join(export_dir, "config.json")
         path = os.path.join(export_dir, GRAPH)
         missing = [p for p in (path, config_path) if not os.path.isfile(p)]

@@ -352,7 +352,9 @@ def parse_args(argv=None):
 def _model_name(export_dir):
     """NAME of `saved_models/NAME/onnx/1` (the SavedModel's name in TF Serving's
     models.config), else "transformer"."""
-    parts = os.path.abspath(export_dir).split(os.sep)
+    from keras_transformer.frontend import newest_version
+
+    parts = os.path.abspath(newest_version(export_dir)).split(os.sep)
     if len(parts) >= 3 and parts[-2] in ("onnx", "ctranslate2"):
         return parts[-3]
     return "transformer"

@@ -133,3 +133,15 @@ def test_python_block_runs(page, line, code, reason, playground):
         timeout=600,
     )  # fmt: skip
     assert completed.returncode == 0, f"{page}:{line}\n{code}\n{completed.stderr[-3000:]}"
+
+
+def test_the_option_reference_is_what_the_parsers_generate():
+    """docs/options.md cannot drift from the commands: it is their parsers' help."""
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_transformer.command_line"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout == _read("docs/options.md"), (
+        "docs/options.md is stale: python -m keras_transformer.command_line > docs/options.md"
+    )

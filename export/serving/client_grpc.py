@@ -1,7 +1,7 @@
 """gRPC client for the TF Serving deployment (not run in CI: it needs a running server).
 
 Needs `pip install tensorflow-serving-api` (same minor version as TensorFlow,
-e.g. tensorflow-serving-api==2.18.*; it pulls grpcio):
+e.g. tensorflow-serving-api==2.21.* for TensorFlow 2.21; it pulls grpcio):
 
     docker compose -f export/serving/docker-compose.yml up -d
     python export/serving/client_grpc.py "Das Haus ist klein."
