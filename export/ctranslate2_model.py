@@ -6,7 +6,10 @@ python export/ctranslate2_model.py --work-dir work   # saved_models/<name>/ctran
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
+# The clone's root first, and export/ itself off the path: its onnx_model.py would
+# shadow onnxruntime.transformers' `onnx_model`, which the int8 quantizer imports.
+sys.path[:] = [os.path.dirname(HERE)] + [p for p in sys.path if os.path.realpath(p or ".") != HERE]
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")  # the vocabulary loads as the others'
 
 from keras_transformer.export.cli import main  # noqa: E402

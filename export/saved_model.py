@@ -9,7 +9,10 @@ See export/serving/README.md for serving it with docker compose.
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
+# The clone's root first, and export/ itself off the path: its onnx_model.py would
+# shadow onnxruntime.transformers' `onnx_model`, which the int8 quantizer imports.
+sys.path[:] = [os.path.dirname(HERE)] + [p for p in sys.path if os.path.realpath(p or ".") != HERE]
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")  # the exporters trace with TensorFlow
 
 from keras_transformer.export.cli import main  # noqa: E402
