@@ -100,7 +100,7 @@ def test_bad_input_follows_the_front_end_contract(translator):
 def test_int8_translates_as_float32_does_on_most_sentences(export):
     """int8 weights change some logits a little: most outputs are float32's, and the
     rest stay close (chrF against float32's outputs). The bounds are this fixture's
-    own measure less a margin (2026-11-26: 95% agree, chrF 99)."""
+    own measure less a margin (2026-11-26, Zen 5: 94% agree, chrF 98.3)."""
     import sacrebleu
 
     from keras_transformer import CTranslate2Translator
