@@ -30,6 +30,9 @@ import numbers
 # "bound": no alive hypothesis can still beat the worst finished one (exact);
 # "k_finished": beam_size * patience hypotheses have finished (fairseq, CTranslate2).
 STOPPING_RULES = ("bound", "k_finished")
+# A large negative log-probability instead of -inf, which turns into NaN in
+# `-inf - -inf` and `0 * -inf` (the flax example makes the same choice).
+NEG_INF = -1.0e7
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,8 @@ import keras
 import numpy as np
 
 from keras_transformer import frontend
-from keras_transformer.decoding import compile_translate_ids, sampler
+from keras_transformer.decoding import compile_translate_ids
+from keras_transformer.sampling import sampler
 from keras_transformer.search import PAPER
 
 logger = logging.getLogger(__name__)

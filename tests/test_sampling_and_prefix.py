@@ -1,7 +1,7 @@
 """Decoding for data work: sampling (back-translation) and a forced target prefix.
 
 Sampling draws from the model's distribution with counter-based random
-numbers (`decoding.uniform`): the draws follow the softmax, a seed gives the
+numbers (`sampling.uniform`): the draws follow the softmax, a seed gives the
 same outputs in any batch, no seed gives new ones. A forced prefix starts
 every output, through greedy search, beam search (n-best included) and
 sampling. The model is the tiny copy-task fixture (`export_fixtures`), whose
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from export_fixtures import held_out_sentences, trained
 
-from keras_transformer.decoding import sampler, uniform
+from keras_transformer.sampling import sampler, uniform
 from keras_transformer.translator import Translator
 
 pytestmark = pytest.mark.multibackend
