@@ -8,20 +8,11 @@ import os
 import subprocess
 import sys
 
-from translation_fixtures import number_pairs
+from translation_fixtures import number_pairs, write_splits
 
 from keras_transformer.data.report import CorpusReport, ratio_outlier
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _write(folder, splits):
-    folder.mkdir(parents=True, exist_ok=True)
-    for split, pairs in splits.items():
-        for side, language in ((0, "de"), (1, "en")):
-            text = "".join(pair[side] + "\n" for pair in pairs)
-            (folder / f"{split}.{language}").write_text(text, encoding="utf-8")
-    return folder
 
 
 def _prepare(folder, work, *args):
@@ -39,9 +30,9 @@ def _prepare(folder, work, *args):
 
 def test_a_side_shifted_by_one_line_is_flagged_with_its_correlation(tmp_path):
     pairs = number_pairs(600, seed=1, max_words=12)
-    aligned, _ = _prepare(_write(tmp_path / "aligned", {"train": pairs}), tmp_path / "a")
+    aligned, _ = _prepare(write_splits(tmp_path / "aligned", {"train": pairs}), tmp_path / "a")
     shifted = [(pairs[i][0], pairs[i - 1][1]) for i in range(1, len(pairs))]
-    report, log = _prepare(_write(tmp_path / "shifted", {"train": shifted}), tmp_path / "s")
+    report, log = _prepare(write_splits(tmp_path / "shifted", {"train": shifted}), tmp_path / "s")
     assert aligned["train"]["length_correlation"] > 0.9
     assert aligned["warnings"] == []
     r = report["train"]["length_correlation"]
@@ -59,7 +50,7 @@ def test_copies_duplicates_empty_sides_and_ratio_outliers_are_counted_and_filter
     empty = [("", "one"), ("zwei", " ")] * 4
     validation = clean[40:50] + copies[:3]  # in train: counted, never filtered
     train = clean + copies + duplicates + ratio + empty
-    folder = _write(tmp_path / "corpus", {"train": train, "validation": validation})
+    folder = write_splits(tmp_path / "corpus", {"train": train, "validation": validation})
 
     report, log = _prepare(folder, tmp_path / "work")
     counts = report["train"]
@@ -93,7 +84,7 @@ def test_copies_duplicates_empty_sides_and_ratio_outliers_are_counted_and_filter
 
 
 def test_an_unknown_filter_is_one_line_naming_the_choices(tmp_path):
-    folder = _write(tmp_path / "corpus", {"train": number_pairs(50)})
+    folder = write_splits(tmp_path / "corpus", {"train": number_pairs(50)})
     env = dict(os.environ, KERAS_BACKEND="jax")
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, "train.py"), "--data-dir", str(folder),
@@ -120,7 +111,7 @@ def test_early_stopping_on_validation_chrf_stops_and_keeps_the_best_epoch(tmp_pa
     model it saves is the checkpoint of the epoch with the best chrF."""
     import numpy as np
 
-    folder = _write(
+    folder = write_splits(
         tmp_path / "corpus",
         {"train": number_pairs(400), "validation": number_pairs(20, seed=1),
          "test": number_pairs(5, seed=2)},

@@ -9,21 +9,12 @@ import sys
 
 import numpy as np
 import pytest
-from translation_fixtures import number_pairs
+from translation_fixtures import number_pairs, write_splits
 
 from keras_transformer.data import Batches, binarize
 from keras_transformer.data.planning import mixture_indices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _write(folder, splits):
-    folder.mkdir(parents=True, exist_ok=True)
-    for split, pairs in splits.items():
-        for side, language in ((0, "de"), (1, "en")):
-            text = "".join(pair[side] + "\n" for pair in pairs)
-            (folder / f"{split}.{language}").write_text(text, encoding="utf-8")
-    return folder
 
 
 def test_a_pass_draws_each_corpus_its_weights_share_repeating_the_small_one_evenly():
@@ -64,11 +55,11 @@ def test_prepared_mixed_corpora_train_in_proportion_to_their_weights(tmp_path, p
     # would drop it there: it filters across the corpora, keeping the first).
     general = [p for p in dict.fromkeys(general) if p not in set(in_domain)][:3000]
     assert (len(in_domain), len(general)) == (300, 3000)
-    main = _write(
+    main = write_splits(
         tmp_path / "in_domain",
         {"train": in_domain + copies, "validation": number_pairs(20, seed=3)},
     )
-    other = _write(tmp_path / "general", {"train": general + too_long})
+    other = write_splits(tmp_path / "general", {"train": general + too_long})
     work = tmp_path / "work"
     result = _prepare(work, "--data-dir", str(main), "--mix", f"{other}=0.25", "--prepare-only")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -103,7 +94,7 @@ def test_prepared_mixed_corpora_train_in_proportion_to_their_weights(tmp_path, p
 
 
 def test_mix_entries_are_checked_before_anything_loads(tmp_path):
-    main = _write(tmp_path / "a", {"train": number_pairs(50)})
+    main = write_splits(tmp_path / "a", {"train": number_pairs(50)})
     cases = [
         (["--data-dir", str(main), "--mix", f"{tmp_path / 'missing'}=1"], "is not a directory"),
         (["--data-dir", str(main), "--mix", f"{main}"], "DIR=WEIGHT entries"),

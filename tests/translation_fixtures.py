@@ -26,3 +26,13 @@ def write_parallel_folder(folder, sizes=(400, 40, 40), seed=0):
         (folder / f"{split}.de").write_text("".join(g + "\n" for g, _ in pairs), encoding="utf-8")
         (folder / f"{split}.en").write_text("".join(e + "\n" for _, e in pairs), encoding="utf-8")
     return folder
+
+
+def write_splits(folder, splits):
+    """Writes `{split: [(de, en), ...]}` as `split.de` / `split.en` files into `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, pairs in splits.items():
+        for side, language in ((0, "de"), (1, "en")):
+            text = "".join(pair[side] + "\n" for pair in pairs)
+            (folder / f"{split}.{language}").write_text(text, encoding="utf-8")
+    return folder
