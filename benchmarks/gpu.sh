@@ -8,8 +8,7 @@
 # Steps (STEPS="..." picks some, in this order):
 #   probe             the GPU, JAX/torch versions, ONNX Runtime's providers, the CUDA
 #                     libraries CTranslate2 loads (benchmarks/gpu_serving.py's probe)
-#   jax               this package under JAX (its own attention and
-#                     keras.ops.dot_product_attention) and the keras-hub build: `base`,
+#   jax               this package under JAX and the keras-hub build: `base`,
 #                     384 x 64 real tokens a side (24,576, the paper's ~25k),
 #                     mixed_bfloat16, with MFU against the 989 TFLOP/s data sheet and a
 #                     measured 8192^3 bf16 matmul
@@ -17,6 +16,7 @@
 #                     the PyTorch references (benchmarks/torch_reference.py): tuned
 #                     (SDPA, the Keras builds' dropout only, loss compiled in), the same
 #                     with CUDA graphs, and plain nn.Transformer under torch.compile
+#   jax_fused         the same with keras.ops.dot_product_attention (cuDNN's flash kernel)
 #   jax_rbg, jax_dropout   dropout's share: masks from RngBitGenerator, and no dropout
 #   torch_backend     this package under Keras's torch backend
 #   ding              train.py on Ding under JAX (the `small` preset, DING_MINUTES),
@@ -27,9 +27,12 @@
 #   serve             the Ding run's model served on the GPU (benchmarks/gpu_serving.py)
 # Each step's limit is cut to what is left before the deadline (seconds after the
 # start; default 570) and a step with under 30 s left is skipped, so a device call of
-# DEADLINE + 30 s returns every finished step. The whole list takes about 14 minutes:
-# more than one call, e.g. STEPS="probe jax torch_fair torch_fair_graphs torch_reference
-# jax_rbg jax_dropout torch_backend" then STEPS="ding base_train serve".
+# DEADLINE + 30 s returns every finished step. Measured on an H100 (2026-11-27): probe
+# 19 s, jax 114, torch_fair 63, torch_fair_graphs 56, torch_reference 60, jax_rbg 63,
+# jax_dropout 52, torch_backend 18, ding at DING_MINUTES=1 172; with base_train and
+# serve, about 17 minutes in all: more than one session's device time. Two calls:
+# STEPS="probe jax torch_fair torch_fair_graphs torch_reference jax_rbg jax_dropout"
+# (DEADLINE=480), then STEPS="jax_fused torch_backend ding base_train serve".
 #
 # On a machine without TensorFlow or Keras (the lent GPU machine), wheels in .whl/
 # (keras, keras-hub, namex, optree, kagglehub, kagglesdk, py-spy) are installed to
@@ -51,7 +54,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 if [[ ! -f .corpus/de-en && -f .corpus/de-en.gz ]]; then gunzip -k .corpus/de-en.gz; fi
 
-STEPS=${STEPS:-"probe jax torch_fair torch_fair_graphs torch_reference jax_rbg jax_dropout torch_backend ding base_train serve"}
+STEPS=${STEPS:-"probe jax jax_fused torch_fair torch_fair_graphs torch_reference jax_rbg jax_dropout torch_backend ding base_train serve"}
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 step() {  # step NAME SECONDS COMMAND...: COMMAND under min(SECONDS, time left), logged
   local name=$1 limit=$2 left
@@ -70,8 +73,9 @@ python3 -c "import jax, torch; print('jax', jax.__version__, jax.devices(), 'tor
 step probe 60 env KERAS_BACKEND=jax python3 -c "import json; from benchmarks.gpu_serving import probe; print(json.dumps(probe()))"
 
 BASE=${BASE:-"--preset base --batch-size 384 --length 64 --no-padding --matmul-size 8192"}
+# Two builds per process: three (with the fused attention) outran 170 s on an H100.
 step jax 170 python3 benchmarks/train_throughput.py --backends jax $BASE --dtype mixed_bfloat16 \
-  --candidates keras_transformer,keras_transformer_fused,keras_hub --rounds 5 --steps 5 \
+  --candidates keras_transformer,keras_hub --rounds 5 --steps 5 \
   --peak-tflops 989 --json "$OUT/throughput_jax.json"
 # The tuned reference (SDPA with is_causal, the Keras builds' dropout only, the loss
 # compiled with the model), with CUDA graphs, and plain nn.Transformer; 5 rounds of 25.
@@ -83,6 +87,9 @@ step torch_fair_graphs 130 python3 benchmarks/torch_reference.py $BASE --variant
 step torch_reference 100 python3 benchmarks/torch_reference.py $BASE --rounds 5 --steps 5 \
   --json "$OUT/torch_reference.json"
 # Dropout's share of the step: its masks from RngBitGenerator, and without dropout.
+step jax_fused 120 python3 benchmarks/train_throughput.py --backends jax $BASE \
+  --dtype mixed_bfloat16 --candidates keras_transformer_fused --rounds 5 --steps 5 \
+  --peak-tflops 989 --json "$OUT/throughput_jax_fused.json"
 step jax_rbg 90 python3 benchmarks/train_throughput.py --backends jax $BASE \
   --dtype mixed_bfloat16 --candidates keras_transformer --rounds 5 --steps 5 \
   --dropout-bits rbg --peak-tflops 989 --json "$OUT/throughput_jax_rbg.json"

@@ -153,18 +153,20 @@ def main(argv=None):
         for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
             for name, make in engines.items():
                 if time.monotonic() > deadline:
-                    result["skipped"].append({"engine": name, "beam_size": beam_size,
-                                              "batch_size": batch_size, "why": "time cap"})  # fmt: skip
+                    result["skipped"].append(
+                        {"engine": name, "beam_size": beam_size, "batch_size": batch_size,
+                         "why": "time cap"}
+                    )  # fmt: skip
                     continue
                 start = time.monotonic()
                 point = time_point(make(beam_size, batch_size), sentences, batch_size, args.rounds)
                 outputs = point.pop("outputs")
                 key = (beam_size, batch_size)
                 reference.setdefault(key, outputs)
+                same = sum(a == b for a, b in zip(outputs, reference[key], strict=True))
                 point.update(engine=name, beam_size=beam_size, batch_size=batch_size,
                              seconds=time.monotonic() - start,
-                             same_as_first_engine=sum(a == b for a, b in zip(outputs, reference[key]))
-                             / len(outputs))  # fmt: skip
+                             same_as_first_engine=same / len(outputs))  # fmt: skip
                 result["points"].append(point)
                 print(json.dumps(point), flush=True)
                 save()
