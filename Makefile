@@ -1,12 +1,16 @@
 # Two set-up commands do everything on a fresh machine:
 #   make train   train on the default corpus, evaluate, export to saved_models/
 #   make test    the test suite on TensorFlow, then the backend-agnostic tests on JAX and torch
+# On a GPU, `KERAS_BACKEND=jax make train EXTRAS=jax-cuda13` adds JAX's GPU build to
+# [all,dev]; `EXTRAS=cuda13` adds JAX's, torch's, ONNX Runtime's and CTranslate2's,
+# `EXTRAS=cuda12` TensorFlow's, JAX's and CTranslate2's (pyproject.toml lists them all).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CORPUS := /usr/share/trans/de-en
 PYTEST_ARGS =  # `make test PYTEST_ARGS=...` only: never taken from the environment
+EXTRAS =  # `make train EXTRAS=...` only, likewise: CI's `make test` installs [all,dev]
 
 .PHONY: train test install corpus browser lint
 
@@ -16,7 +20,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[all,dev]"
 	touch $(STAMP)
 
-install: $(STAMP)
+# The GPU extras, on top of [all,dev]. [all] brings onnxruntime, which onnxruntime-gpu
+# replaces: both install the package `onnxruntime`, so the CPU one is removed and
+# the GPU one written again over the files that the removal took.
+$(VENV)/.installed-%: $(STAMP)
+	$(PY) -m pip install --quiet -e ".[all,dev,$*]"
+	@if $(PY) -m pip show --quiet onnxruntime-gpu 2>/dev/null; then \
+	  set -x; $(PY) -m pip uninstall --quiet -y onnxruntime && \
+	  $(PY) -m pip install --quiet --no-deps --force-reinstall \
+	    "onnxruntime-gpu==$$($(PY) -m pip show onnxruntime-gpu | sed -n 's/^Version: //p')"; fi
+	touch $@
+
+install: $(STAMP) $(if $(EXTRAS),$(VENV)/.installed-$(EXTRAS))
 
 # The Ding dictionary (Debian package trans-de-en, GPL-2+), parsed at run time.
 corpus:

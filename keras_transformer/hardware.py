@@ -1,22 +1,32 @@
-"""The CPU this process runs on, and TensorFlow's thread pools for it.
+"""The CPU this process runs on, TensorFlow's thread pools for it, and the GPUs it has.
 
 The machines this package is developed on differ from session to session
 (Intel Xeon with AMX-BF16, AMD EPYC Zen 3 with AVX2 only), and the right
 precision depends on which: `mixed_bfloat16` pays only where the CPU
 multiplies bf16 natively. Every run and every benchmark names the CPU it ran
 on with `describe_cpu()`.
+
+A GPU is used only where the backend's CUDA build is installed (the CPU
+builds are the default: pyproject.toml's GPU extras); `describe_accelerator()`
+says at start-up which one a run found, and warns where the system has a GPU
+that the backend does not see.
 """
 
+import dataclasses
 import os
 import platform
+import re
+import shutil
+import subprocess
 
 # CPU flags (as /proc/cpuinfo spells them) that make bf16 matmuls native.
 _BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
-def _cpuinfo():
+def _read(path):
+    """A text file's contents; "" where it cannot be read (not Linux, no driver)."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+        with open(path, encoding="utf-8", errors="replace") as f:
             return f.read()
     except OSError:
         return ""
@@ -30,7 +40,7 @@ def describe_cpu():
         `bf16` (native bf16 matmuls: AMX-BF16 or AVX512-BF16), `amx`,
         `avx512`, `avx2` (bools), and `summary`, one line naming all of it.
     """
-    text = _cpuinfo()
+    text = _read("/proc/cpuinfo")
     model, flags = platform.processor() or platform.machine(), set()
     for line in text.splitlines():
         key, _, value = line.partition(":")
@@ -174,3 +184,112 @@ def reexec_with_allocator_env():
     if all(name in os.environ for name in ALLOCATOR_ENV):
         return
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**ALLOCATOR_ENV, **os.environ})
+
+
+# ----------------------------------------------------------------------- GPUs
+
+# The extra that puts each backend on an NVIDIA GPU (pyproject.toml; docs/training.md,
+# "On a GPU"), and CUDA 13's lowest Linux driver: below it, JAX's CUDA 12 build.
+GPU_EXTRAS = {"jax": "jax-cuda13", "torch": "torch-cuda", "tensorflow": "tensorflow-cuda"}
+_CUDA13_DRIVER = (580,)
+
+
+@dataclasses.dataclass(frozen=True)
+class SystemGpus:
+    """The NVIDIA GPUs the operating system shows, whatever the Python packages see."""
+
+    names: tuple = ()  # ("NVIDIA H100 80GB HBM3", ...); "NVIDIA GPU" where no name is shown
+    driver: str | None = None  # "580.82.07"
+
+    def __bool__(self):
+        return bool(self.names)
+
+
+def system_gpus(proc="/proc/driver/nvidia", dev="/dev", nvidia_smi="nvidia-smi"):
+    """The GPUs the NVIDIA driver has, read where it shows them, without a backend.
+
+    In order: the driver's `/proc` files (no process started), `nvidia-smi -L`
+    (a container may have it without `/proc/driver/nvidia`), then the device
+    files `/dev/nvidia0`, ... (no names). The arguments are for tests.
+
+    Returns:
+        SystemGpus: empty (and false) where there is no NVIDIA driver.
+    """
+    driver = None
+    match = re.search(r"Kernel Module\s+(\d+(?:\.\d+)+)", _read(os.path.join(proc, "version")))
+    if match:
+        driver = match[1]
+    names = []
+    gpus = os.path.join(proc, "gpus")
+    for bus_id in sorted(os.listdir(gpus)) if os.path.isdir(gpus) else ():
+        information = _read(os.path.join(gpus, bus_id, "information"))
+        model = re.search(r"^Model:\s*(.+)$", information, re.M)
+        names.append(model[1].strip() if model else "NVIDIA GPU")
+    if not names and shutil.which(nvidia_smi):
+        try:
+            listed = subprocess.run(
+                [nvidia_smi, "-L"], capture_output=True, text=True, timeout=10, check=True
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            listed = ""
+        names = re.findall(r"^GPU \d+: (.+?)(?: \(UUID: [^)]*\))?$", listed, re.M)
+    if not names and os.path.isdir(dev):
+        names = ["NVIDIA GPU" for name in os.listdir(dev) if re.fullmatch(r"nvidia\d+", name)]
+    return SystemGpus(tuple(names), driver)
+
+
+def describe_accelerator(backend, backend_gpus, system, cuda_visible_devices=None):
+    """The start-up log's line on the accelerator, and a warning where a GPU goes unused.
+
+    Args:
+        backend: the Keras backend ("jax", "torch" or "tensorflow").
+        backend_gpus: the names of the GPUs the backend found ([] for none).
+        system: `system_gpus()`.
+        cuda_visible_devices: `CUDA_VISIBLE_DEVICES`; "" or "-1" hides every GPU
+            on purpose, which is then said rather than warned about.
+
+    Returns:
+        (line, warning): warning is None unless the system has a GPU that the
+        backend does not see; it names the extra that installs the backend's
+        GPU build.
+    """
+    if backend_gpus:
+        return f"Accelerator: {_counted(backend_gpus)} ({backend})", None
+    if not system:
+        return f"Accelerator: none, the CPU ({backend}; no NVIDIA GPU on this system)", None
+    gpus = _counted(system.names)
+    if system.driver:
+        gpus += f", driver {system.driver}"
+    if cuda_visible_devices is not None and cuda_visible_devices.strip() in ("", "-1"):
+        reason = f"CUDA_VISIBLE_DEVICES={cuda_visible_devices!r} hides {gpus}"
+        return f"Accelerator: none, the CPU ({backend}; {reason})", None
+    line = f"Accelerator: none, the CPU ({backend}), although the system has {gpus}"
+    return line, (
+        f"The system has {gpus}, but the {backend} backend sees no GPU and trains on the CPU: "
+        f"install its GPU build, {_gpu_install(backend, system.driver)} "
+        f"(docs/training.md, \"On a GPU\")."
+    )
+
+
+def _counted(names):
+    """`["A", "A", "B"]` as "2 x A, B"."""
+    counts = {name: list(names).count(name) for name in names}
+    return ", ".join(f"{n} x {name}" if n > 1 else name for name, n in counts.items())
+
+
+def _gpu_install(backend, driver):
+    """How to install `backend`'s GPU build for an NVIDIA driver of version `driver`."""
+    extra = GPU_EXTRAS.get(backend)
+    if extra is None:
+        return f"a CUDA build of {backend}"
+    old_driver = driver is not None and _version(driver) < _CUDA13_DRIVER
+    if backend == "jax" and old_driver:
+        extra = "jax-cuda12"  # CUDA 12 runs on drivers from 525 on
+    install = f"`make train EXTRAS={extra}` or `pip install -e \".[{extra}]\"`"
+    if backend == "torch" and old_driver:
+        install += f" with a driver of version 580 or later (CUDA 13's; this one is {driver})"
+    return install
+
+
+def _version(text):
+    return tuple(int(part) for part in re.findall(r"\d+", text))

@@ -2,6 +2,7 @@
 
 import dataclasses
 import logging
+import os
 
 import keras
 
@@ -11,7 +12,12 @@ from keras_transformer.distribution import (
     make_strategy,
     num_replicas,
 )
-from keras_transformer.hardware import configure_threads, describe_cpu
+from keras_transformer.hardware import (
+    configure_threads,
+    describe_accelerator,
+    describe_cpu,
+    system_gpus,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +54,14 @@ def set_up_machine(seed, logical_devices=None):
     else:
         logger.info("CPU: %s; %s backend", cpu["summary"], keras.backend.backend())
     keras.utils.set_random_seed(seed)
-    gpu_name = _gpu_name()
+    gpus = backend_gpus()
+    gpu_name = gpus[0] if gpus else None
+    line, warning = describe_accelerator(
+        keras.backend.backend(), gpus, system_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES")
+    )
+    logger.info(line)
+    if warning:
+        logger.warning(warning)
     strategy, description = make_strategy(logical_devices)
     logger.info("Distribution: %s", description)
     is_chief, task_name = is_chief_task()
@@ -65,20 +78,22 @@ def set_up_machine(seed, logical_devices=None):
     )
 
 
-def _gpu_name():
-    """The first GPU's name on this backend, or None without one."""
+def backend_gpus():
+    """The names of the GPUs this process's backend sees ([] without one)."""
     backend = keras.backend.backend()
     if backend == "jax":
         import jax
 
-        return jax.devices()[0].device_kind if jax.default_backend() == "gpu" else None
+        return [d.device_kind for d in jax.local_devices() if d.platform == "gpu"]
     if backend == "torch":
         import torch
 
-        return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+        if not torch.cuda.is_available():
+            return []
+        return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     import tensorflow as tf
 
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        return None
-    return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
+    return [
+        tf.config.experimental.get_device_details(gpu).get("device_name", "GPU")
+        for gpu in tf.config.list_physical_devices("GPU")
+    ]
