@@ -66,18 +66,13 @@ def count(model, batches, search, drop):
 
     from keras_transformer import decoding
 
-    original = decoding.drops_finished
-    decoding.drops_finished = lambda: drop
-    try:
-        outputs, work = [], []
-        for ids in batches:
-            counting = CountingModel(model)
-            out = decoding.translate_ids(counting, ids, **search.to_dict())
-            outputs.append(ops.convert_to_numpy(out))
-            work.append(counting.rows)
-        return outputs, work
-    finally:
-        decoding.drops_finished = original
+    outputs, work = [], []
+    for ids in batches:
+        counting = CountingModel(model)
+        out = decoding.translate_ids(counting, ids, **search.to_dict(), drop_finished=drop)
+        outputs.append(ops.convert_to_numpy(out))
+        work.append(counting.rows)
+    return outputs, work
 
 
 def main(argv=None):

@@ -257,7 +257,7 @@ def test_dropping_finished_changes_no_translation(monkeypatch, tmp_path):
         for extra in (0, 50):
             outputs = {}
             for drop in (True, False):
-                monkeypatch.setattr(decoding, "drops_finished", lambda drop=drop: drop)
+                monkeypatch.setattr(decoding.loop, "drops_finished", lambda drop=drop: drop)
                 run = compile_translate_ids(model, max_extra_length=extra, **search)
                 outputs[drop] = [ops.convert_to_numpy(run(ids)) for ids in batches]
             for dropped, kept in zip(outputs[True], outputs[False], strict=True):
