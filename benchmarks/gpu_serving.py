@@ -5,7 +5,7 @@ ONNX Runtime (onnxruntime-gpu's CUDA provider alone is 220 MB packed; one
 call carries 64 MiB), so this script first records what each engine can do
 there, then times what can run:
 
-    keras     this package's own search (`Translator`, `decoding.py`: the search
+    keras     this package's own search (`Translator`, `decoding/`: the search
               the SavedModel and translate.onnx carry in their graphs) under
               Keras's backend (JAX on the GPU), jit-compiled per padded shape;
     ct2       the CTranslate2 export of the same weights on CUDA, where the
