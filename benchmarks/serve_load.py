@@ -12,7 +12,9 @@ validation sentences (or `--sentences FILE`, one per line). Reports per
 client count: requests/s, sentences/s, latency p50/p90/p99, errors, and
 the server's batches (from its metadata) and its resident memory before
 and after each row (`/proc`). `--batching off` starts the server with
-`--max-batch 1 --max-wait-ms 0` (one request per call). The direct row is the ceiling:
+`--max-batch 1 --max-wait-ms 0` (one request per call). `--workers`, `--threads`,
+`--engine` and `--precision` are the server's (default: one worker on all cores, as
+the rows of docs/serving.md were measured). The direct row is the ceiling:
 the same sentences translated in batches without HTTP. Run alone on the
 machine; the CPU is named in the output.
 """
@@ -45,6 +47,10 @@ def parse_args(argv=None):
     parser.add_argument("--batching", nargs="+", default=["on"], choices=("on", "off"))
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
+    parser.add_argument("--workers", type=int, default=1, help="the server's --workers")
+    parser.add_argument("--threads", type=int, default=0, help="the server's --threads")
+    parser.add_argument("--engine", default="onnx", help="the server's --engine")
+    parser.add_argument("--precision", default="float32", help="the server's --precision")
     parser.add_argument("--sentences", help="one sentence per line (default: Ding's validation)")
     parser.add_argument("--json", help="write the results here")
     return parser.parse_args(argv)
@@ -66,11 +72,19 @@ def _free_port():
 
 
 def _rss_mib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return None
+    """Resident memory of the server and its worker processes (their sum), in MiB."""
+    total, pids = 0.0, [pid]
+    while pids:
+        current = pids.pop()
+        try:
+            with open(f"/proc/{current}/status") as f:
+                total += sum(int(x.split()[1]) for x in f if x.startswith("VmRSS:")) / 1024
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as f:
+                    pids.extend(int(child) for child in f.read().split())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
 
 
 def _post(port, name, sentences, signature="serving_default"):
@@ -130,9 +144,11 @@ def main(argv=None):
     sentences = _sentences(args.sentences)[:2000]
     results, batches = [], {}
     for batching in args.batching:
-        extra = ["--max-wait-ms", str(args.max_wait_ms)]
+        extra = ["--max-wait-ms", str(args.max_wait_ms), "--workers", str(args.workers),
+                 "--threads", str(args.threads), "--engine", args.engine, "--precision",
+                 args.precision, "--no-access-log"]  # fmt: skip
         if batching == "off":
-            extra = ["--max-wait-ms", "0", "--max-batch", "1"]
+            extra[:2] = ["--max-wait-ms", "0", "--max-batch", "1"]
         port, name = _free_port(), "loadtest"
         server = subprocess.Popen(
             [sys.executable, "-m", "keras_transformer.serve", args.export_dir, "--port",

@@ -1,21 +1,23 @@
 """`keras-transformer-serve`: an export served over HTTP with TF Serving's REST contract.
 
     pip install "keras-transformer-nmt[serve,server]"
-    keras-transformer-serve saved_models/transformer_de_en/onnx/1 --port 8501
+    keras-transformer-serve saved_models/transformer_de_en/onnx --port 8501
     python export/serving/client_rest.py "Das Haus ist klein."
 
 The SavedModel is what TF Serving serves; this server serves the ONNX
 export (float32 or int8, `OnnxTranslator`) or the CTranslate2 one
-(`CTranslate2Translator`) with the same REST API, so that
+(`CTranslate2Translator`, any compute type) with the same REST API, so that
 `export/serving/client_rest.py` and any TF Serving REST client work
 against it unchanged (https://www.tensorflow.org/tfx/serving/api_rest):
 
-    GET  /v1/models/NAME                 status (`model_version_status`)
+    GET  /v1/models/NAME                 status (`model_version_status`: LOADING,
+                                         AVAILABLE, UNLOADING, END per version)
     GET  /v1/models/NAME/metadata        the signatures (`serving_default`: the
                                          export's beam search; `translate_greedy`)
     POST /v1/models/NAME:predict         {"instances": [...]} -> {"predictions": [...]}
                                          {"inputs": {"sentences": [...]}} or
                                          {"inputs": [...]} -> {"outputs": [...]}
+    GET  /monitoring/prometheus/metrics  Prometheus metrics (TF Serving's path)
     GET  /                               a page to type a sentence into
 
 Extra request fields, this server's own: `"beam_size"` (one the export
@@ -23,15 +25,15 @@ has), `"alpha"`, and with `--engine ctranslate2` `"num_hypotheses": N`
 (<= the beam), which makes each prediction `{"translations": [N best],
 "scores": [N scores]}` (CTranslate2's; translate.onnx returns the best
 hypothesis only). Errors come as TF Serving's, `{"error": "..."}` with
-status 400 (404 for another model name), one line naming the problem.
+status 400 (404 for another model name), one line naming the problem;
+503 with `Retry-After` when the queue is full (`--max-queue`) or when the
+worker translating the request died;
+504 at `--timeout`.
 
-Requests are batched dynamically (`DynamicBatcher`): sentences that
-arrive within `--max-wait-ms` of each other (or until `--max-batch`
-sentences) are translated in one call and split back, as quickmt's
-CTranslate2 server and TF Serving's own batching do; a batch that fails
-is retried request by request, so one bad request never fails the others.
-Limits on the body size, sentences per request and characters per
-sentence, and a timeout per request, come from the command line. Neither
+`--workers` processes translate batches side by side, each with its own
+translator and `--threads` (`serving_workers`); one queue, bounded in
+sentences, feeds them (`serving_queue`); a folder of version folders is
+watched for new versions (TF Serving's "latest" policy). Neither
 TensorFlow nor Keras is imported (the ONNX translator refuses a process
 that has TensorFlow).
 """
@@ -39,98 +41,25 @@ that has TensorFlow).
 import argparse
 import asyncio
 import contextlib
+import datetime
 import json
 import logging
 import os
-import time
+import sys
 
-logger = logging.getLogger(__name__)
+from keras_transformer.command_line import add_debug_flag, run_main
+from keras_transformer.serving_engines import DEVICES, ENGINES, PRECISIONS, EngineConfig
+
+logger = logging.getLogger("keras_transformer.serve")
 
 GREEDY_SIGNATURE = "translate_greedy"
 DEFAULT_SIGNATURE = "serving_default"
+METRICS_PATH = "/monitoring/prometheus/metrics"  # TF Serving's --rest_api monitoring path
+RETRY_AFTER_SECONDS = 1
 
 
 class BadRequest(ValueError):
     """A request this server refuses: answered 400 with TF Serving's error shape."""
-
-
-class DynamicBatcher:
-    """Gathers the sentences of concurrent requests into batches for `translate`.
-
-    Args:
-        translate: `(sentences, settings dict) -> translations`, run in a worker
-            thread (the event loop keeps accepting requests meanwhile).
-        max_batch: sentences at most in one call.
-        max_wait_ms: how long the first request of a batch waits for others.
-        workers: batches translated at the same time (threads).
-    """
-
-    def __init__(self, translate, max_batch=64, max_wait_ms=5.0, workers=1):
-        self.translate = translate
-        self.max_batch = max_batch
-        self.max_wait = max_wait_ms / 1000.0
-        self.workers = workers
-        self.batches = 0  # translate calls made, for /metadata and the tests
-        self._queue = None
-        self._tasks = []
-
-    async def start(self):
-        self._queue = asyncio.Queue()
-        self._tasks = [asyncio.create_task(self._worker()) for _ in range(self.workers)]
-
-    async def stop(self):
-        """Finishes the batches in flight, then stops the workers."""
-        await self._queue.join()
-        for task in self._tasks:
-            task.cancel()
-
-    async def submit(self, sentences, settings):
-        """The translations of `sentences` (one request's), batched with others'."""
-        future = asyncio.get_running_loop().create_future()
-        await self._queue.put((sentences, settings, future))
-        return await future
-
-    async def _worker(self):
-        loop = asyncio.get_running_loop()
-        while True:
-            first = await self._queue.get()
-            group, waiting = [first], []
-            count, deadline = len(first[0]), loop.time() + self.max_wait
-            while count < self.max_batch:
-                try:
-                    item = await asyncio.wait_for(self._queue.get(), deadline - loop.time())
-                except TimeoutError:
-                    break
-                if item[1] != first[1] or count + len(item[0]) > self.max_batch:
-                    waiting.append(item)  # other settings, or too many: the next batch
-                    break
-                group.append(item)
-                count += len(item[0])
-            for item in reversed(waiting):  # back to the front of the line
-                self._queue._queue.appendleft(item)  # noqa: SLF001 - asyncio.Queue has no putleft
-            await self._run(loop, group)
-            for _ in group:
-                self._queue.task_done()
-
-    async def _run(self, loop, group):
-        """Translates a group of requests in one call; if it fails, each alone, so that
-        only a request that fails by itself gets the error."""
-        sentences = [s for request, _, _ in group for s in request]
-        try:
-            translations = await loop.run_in_executor(None, self.translate, sentences, group[0][1])
-            self.batches += 1
-        except Exception as error:  # noqa: BLE001 - answered to the requests, not raised
-            if len(group) > 1:
-                for item in group:
-                    await self._run(loop, [item])
-            elif not group[0][2].done():
-                group[0][2].set_exception(error)
-            return
-        at = 0
-        for request, _, future in group:
-            if not future.done():  # a request that timed out is gone
-                future.set_result(translations[at : at + len(request)])
-            at += len(request)
 
 
 def _sentences(body, max_sentences, max_characters):
@@ -201,14 +130,20 @@ def _settings(body, beam_sizes, default_beam, n_best=False):
     return settings
 
 
-def make_app(model_name, beam_sizes, default_beam, limits, engine, batcher):
-    """The Starlette application (`build_app` loads the translator and the batcher)."""
+def make_app(model_name, server, limits, engine, metrics, access_log=True):
+    """The Starlette application over a `serving_workers.ModelServer` (`build_app`
+    makes both from the command line's arguments)."""
     from starlette.applications import Starlette
-    from starlette.responses import HTMLResponse, JSONResponse
+    from starlette.responses import HTMLResponse, JSONResponse, Response
     from starlette.routing import Route
 
-    def error(message, status=400):
-        return JSONResponse({"error": message}, status_code=status)
+    from keras_transformer.serving_metrics import AccessLog
+    from keras_transformer.serving_queue import QueueFull
+    from keras_transformer.serving_workers import WorkerLost
+
+    def error(message, status=400, retry=False):
+        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if retry else None
+        return JSONResponse({"error": message}, status_code=status, headers=headers)
 
     def check_name(request):
         name = request.path_params["name"]
@@ -217,12 +152,7 @@ def make_app(model_name, beam_sizes, default_beam, limits, engine, batcher):
         return None
 
     async def status(request):
-        return check_name(request) or JSONResponse({
-            "model_version_status": [{
-                "version": "1", "state": "AVAILABLE",
-                "status": {"error_code": "OK", "error_message": ""},
-            }]
-        })  # fmt: skip
+        return check_name(request) or JSONResponse(server.status())
 
     async def metadata(request):
         strings = {"dtype": "DT_STRING", "tensor_shape": {"dim": [{"size": "-1"}]}}
@@ -231,15 +161,25 @@ def make_app(model_name, beam_sizes, default_beam, limits, engine, batcher):
             "outputs": {"translations": dict(strings, name="translations:0")},
             "method_name": "tensorflow/serving/predict",
         }
+        info = server.info or {}
+        config = server.config
         return check_name(request) or JSONResponse({
-            "model_spec": {"name": model_name, "signature_name": "", "version": "1"},
+            "model_spec": {"name": model_name, "signature_name": "",
+                           "version": str(server.version or "")},
             "metadata": {"signature_def": {"signature_def": {
                 DEFAULT_SIGNATURE: signature, GREEDY_SIGNATURE: signature,
             }}},
-            "server": {"engine": engine, "beam_sizes": list(beam_sizes),
-                       "default_beam_size": default_beam, "limits": limits,
-                       "batches": batcher.batches},
+            "server": {"engine": engine, "precision": config.precision,
+                       "threads": config.threads, "device": config.device,
+                       "runtime": info.get("runtime"), "beam_sizes": info.get("beam_sizes"),
+                       "default_beam_size": info.get("default_beam"), "limits": limits,
+                       "batches": server.batches,
+                       "workers": [w.describe() for w in server.workers]},
         })  # fmt: skip
+
+    async def metrics_page(request):
+        body, content_type = metrics.exposition()
+        return Response(body, headers={"Content-Type": content_type})
 
     async def predict(request):
         name, _, verb = request.path_params["name_verb"].partition(":")
@@ -259,32 +199,41 @@ def make_app(model_name, beam_sizes, default_beam, limits, engine, batcher):
             return error(f"The request body is not valid UTF-8 (byte {e.start}).")
         except ValueError as e:
             return error(f"The request body is not valid JSON: {e}.")
+        info = server.info  # set before the server listens (the lifespan loads it)
         try:
             sentences, columnar = _sentences(
                 body, limits["max_sentences"], limits["max_characters"]
             )
-            settings = _settings(body, beam_sizes, default_beam, engine == "ctranslate2")
+            settings = _settings(
+                body, info["beam_sizes"], info["default_beam"], engine == "ctranslate2"
+            )
         except BadRequest as e:
             return error(str(e))
+        request.state.log = {"sentences": len(sentences), "version": str(server.version)}
         try:
-            translations = await asyncio.wait_for(
-                batcher.submit(sentences, settings), limits["timeout_seconds"]
-            )
-        except TimeoutError:
+            queued = server.queue.put(sentences, settings, limits["timeout_seconds"])
+        except QueueFull as e:
+            return error(str(e), 503, retry=True)
+        answer = await _wait(request, queued, server.queue)
+        if answer == "disconnected":
+            return error("The client closed the connection before the answer.", 499)
+        if answer == "expired" or isinstance(answer, TimeoutError):
             return error(
                 f"The translation took longer than {limits['timeout_seconds']:g} s "
                 "(--timeout).", 504,
             )  # fmt: skip
-        except Exception as e:  # noqa: BLE001 - the server lives on; this request fails
-            logger.exception("A request failed")
-            return error(f"{type(e).__name__}: {e}", 500)
+        if isinstance(answer, WorkerLost):
+            return error(str(answer), 503, retry=True)
+        if isinstance(answer, BaseException):  # the server lives on; this request fails
+            logger.error("A request failed: %s: %s", type(answer).__name__, answer)
+            return error(f"{type(answer).__name__}: {answer}", 500)
         key = "outputs" if columnar else "predictions"
         if "num_hypotheses" in settings:
-            translations = [
+            answer = [
                 {"translations": [t for t, _ in n_best], "scores": [s for _, s in n_best]}
-                for n_best in translations
+                for n_best in answer
             ]
-        return JSONResponse({key: translations})
+        return JSONResponse({key: answer})
 
     async def page(request):
         shown = "" if engine == "ctranslate2" else "display:none"  # n-best: CTranslate2's
@@ -292,36 +241,49 @@ def make_app(model_name, beam_sizes, default_beam, limits, engine, batcher):
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        await batcher.start()
+        await server.start()  # the first version loads before uvicorn listens
         yield
-        await batcher.stop()  # after the requests in flight (uvicorn's graceful shutdown)
+        await server.stop()  # after the requests in flight (uvicorn's graceful shutdown)
 
     routes = [
         Route("/", page),
+        Route(METRICS_PATH, metrics_page),
         Route("/v1/models/{name}", status),
         Route("/v1/models/{name}/metadata", metadata),
         Route("/v1/models/{name_verb}", predict, methods=["POST"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan)
+    return AccessLog(app, metrics, enabled=access_log)
 
 
-def load_translator(export_dir, engine, precision, threads):
-    """`(translate(sentences, settings), beam sizes, default beam)` of an export."""
-    if engine == "ctranslate2":
-        from keras_transformer.ctranslate2_translator import CTranslate2Translator
+async def _wait(request, queued, queue):
+    """The translations of a queued request, or its error, or "expired" at its
+    deadline or "disconnected" if the client leaves first (the request then
+    leaves the queue: a batch not yet formed never translates it)."""
+    loop = asyncio.get_running_loop()
+    watcher = asyncio.create_task(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait(
+            {queued.future, watcher}, timeout=max(0.0, queued.deadline - loop.time()),
+            return_when=asyncio.FIRST_COMPLETED,
+        )  # fmt: skip
+    except asyncio.CancelledError:
+        queue.abandon(queued, "disconnected")
+        raise
+    finally:
+        watcher.cancel()
+    if not queued.future.done():
+        reason = "disconnected" if watcher in done else "expired"
+        queue.abandon(queued, reason)
+        return reason
+    return queued.future.exception() or queued.future.result()
 
-        translator = CTranslate2Translator(export_dir)
-        beam_sizes = tuple(range(1, 17))
-    else:
-        from keras_transformer.onnx_translator import OnnxTranslator
 
-        translator = OnnxTranslator(export_dir, precision=precision, intra_op_num_threads=threads)
-        beam_sizes = tuple(translator.beam_sizes)
-
-    def translate(sentences, settings):
-        return translator.translate(sentences, **settings)
-
-    return translate, beam_sizes, translator.search.beam_size
+async def _disconnected(request):
+    """Returns when the client closes the connection (ASGI's `http.disconnect`, which
+    the server sends once the body has been read and the client goes)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def parse_args(argv=None):
@@ -329,23 +291,47 @@ def parse_args(argv=None):
         prog="keras-transformer-serve",
         description="Serve an export over HTTP with TF Serving's REST API (localhost by default).",
     )
-    parser.add_argument("export_dir", help="an ONNX export (saved_models/NAME/onnx/1) or a "
-                        "CTranslate2 one (with --engine ctranslate2)")  # fmt: skip
-    parser.add_argument("--engine", choices=("onnx", "ctranslate2"), default="onnx")
-    parser.add_argument("--precision", choices=("float32", "int8"), default="float32",
-                        help="the ONNX graph: float32 or its int8 weights")  # fmt: skip
+    parser.add_argument("export_dir", help="an export's folder of versions (saved_models/NAME/"
+                        "onnx: the newest version is served, and a newer one that appears is "
+                        "loaded and swapped in) or one version (saved_models/NAME/onnx/1); "
+                        "CTranslate2's with --engine ctranslate2")  # fmt: skip
+    parser.add_argument("--engine", choices=ENGINES, default="onnx")
+    precisions = sorted(set(PRECISIONS["onnx"] + PRECISIONS["ctranslate2"]))
+    parser.add_argument("--precision", choices=precisions, default="float32",
+                        help="float32 or int8 (onnx: translate_int8.onnx; ctranslate2: "
+                        "its compute_type); ctranslate2 also takes its other compute "
+                        "types")  # fmt: skip
+    parser.add_argument("--device", choices=DEVICES, default="cpu",
+                        help="cuda: ONNX Runtime's CUDA provider ([onnx-gpu]) or CTranslate2 on "
+                        "the GPU; an error where none is present")  # fmt: skip
+    parser.add_argument("--workers", type=int, default=None,
+                        help="translation processes, each with its own translator and "
+                        "--threads (default: one per usable core)")  # fmt: skip
+    parser.add_argument("--threads", type=int, default=1,
+                        help="inference threads of each worker (0: the runtime's "
+                        "default)")  # fmt: skip
     parser.add_argument("--model-name", default=None,
                         help="the NAME in /v1/models/NAME (default: the export's)")  # fmt: skip
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8501)
-    parser.add_argument("--threads", type=int, default=0, help="inference threads (0: all)")
     parser.add_argument("--max-batch", type=int, default=64, help="sentences per batch")
     parser.add_argument("--max-wait-ms", type=float, default=5.0,
                         help="how long a request waits for others to batch with")  # fmt: skip
+    parser.add_argument("--max-queue", type=int, default=2048,
+                        help="sentences waiting for a worker at most; beyond, 503 with "
+                        "Retry-After")  # fmt: skip
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20)
     parser.add_argument("--max-sentences", type=int, default=256, help="per request")
     parser.add_argument("--max-characters", type=int, default=2000, help="per sentence")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
+    parser.add_argument("--timeout", type=float, default=30.0,
+                        help="seconds per request (504 after; a request still queued then "
+                        "is never translated)")  # fmt: skip
+    parser.add_argument("--poll-seconds", type=float, default=1.0,
+                        help="how often a folder of versions is looked at for a new one "
+                        "(TF Serving's --file_system_poll_wait_seconds)")  # fmt: skip
+    parser.add_argument("--no-access-log", dest="access_log", action="store_false",
+                        help="no JSON line per request on stdout")  # fmt: skip
+    add_debug_flag(parser)
     return parser.parse_args(argv)
 
 
@@ -360,24 +346,81 @@ def _model_name(export_dir):
     return "transformer"
 
 
-def build_app(args):
-    translate, beam_sizes, default_beam = load_translator(
-        args.export_dir, args.engine, args.precision, args.threads
-    )
+def _usable_cores():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def build_app(args, factory=None, on_fatal=None):
+    """`(application, model name)` of the command line's arguments; raises
+    `ValueError` for a flag the engine cannot honour (nothing is loaded yet).
+
+    `factory`: `serving_engines.EngineConfig.factory` (a stand-in translator)."""
+    from keras_transformer.serving_engines import check_engine
+    from keras_transformer.serving_metrics import Metrics
+    from keras_transformer.serving_queue import RequestQueue
+    from keras_transformer.serving_workers import ModelServer, version_folders
+
+    config = EngineConfig(args.engine, args.precision, args.threads, args.device, factory)
+    check_engine(config)
+    workers = _usable_cores() if args.workers is None else args.workers
+    for flag, value in (("--workers", workers), ("--max-batch", args.max_batch),
+                        ("--max-queue", args.max_queue)):  # fmt: skip
+        if value < 1:
+            raise ValueError(f"{flag} must be at least 1. Received: {value}")
+    if args.max_sentences > args.max_queue:
+        raise ValueError(
+            f"--max-sentences {args.max_sentences} exceeds --max-queue {args.max_queue}: "
+            "such a request could never be queued."
+        )
+    found, _ = version_folders(args.export_dir)  # FileNotFoundError for a missing folder
+    if not found:
+        raise FileNotFoundError(
+            f"{args.export_dir!r} is neither an export nor a folder of integer version folders."
+        )
     limits = {
         "max_body_bytes": args.max_body_bytes,
         "max_sentences": args.max_sentences,
         "max_characters": args.max_characters,
+        "max_queue": args.max_queue,
         "timeout_seconds": args.timeout,
     }
-    batcher = DynamicBatcher(translate, args.max_batch, args.max_wait_ms)
+    metrics = Metrics()
+    queue = RequestQueue(args.max_batch, args.max_wait_ms, args.max_queue, metrics)
+    server = ModelServer(
+        args.export_dir, config, workers, queue, metrics, args.poll_seconds, on_fatal
+    )
     name = args.model_name or _model_name(args.export_dir)
-    return make_app(name, beam_sizes, default_beam, limits, args.engine, batcher), name
+    app = make_app(name, server, limits, args.engine, metrics, args.access_log)
+    return app, name
 
 
-def main(argv=None):
-    args = parse_args(argv)
+class _JsonLines(logging.Formatter):
+    """The access log: each record's message is a JSON object; the time is added."""
+
+    def format(self, record):
+        entry = json.loads(record.getMessage())
+        stamp = datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
+        return json.dumps({"time": stamp.isoformat(timespec="milliseconds"), **entry},
+                          ensure_ascii=False)  # fmt: skip
+
+
+def _configure_logging():
+    from keras_transformer.serving_metrics import ACCESS_LOGGER
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    access = logging.getLogger(ACCESS_LOGGER)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(_JsonLines())
+    access.addHandler(handler)
+    access.propagate = False
+
+
+def main(argv=None, factory=None):
+    """The command: parses the flags, checks them, serves until SIGTERM or Ctrl-C.
+
+    `factory`: a stand-in translator for the workers (tests; see `build_app`)."""
+    args = parse_args(argv)
+    _configure_logging()
     try:
         import uvicorn
     except ImportError:
@@ -385,15 +428,26 @@ def main(argv=None):
             "keras-transformer-serve needs the server extra: "
             'pip install "keras-transformer-nmt[server]"'
         ) from None
-    start = time.time()
-    app, name = build_app(args)
+    fatal, held = [], {}
+
+    def on_fatal(message):  # the first version did not load: stop serving, exit 1
+        fatal.append(message)
+        held["server"].should_exit = True
+
+    app, name = run_main(
+        "keras-transformer-serve", args.debug, lambda: build_app(args, factory, on_fatal)
+    )
     logger.info(
-        "Serving %s (%s) as /v1/models/%s on http://%s:%d (loaded in %.1fs)",
-        args.export_dir, args.engine, name, args.host, args.port, time.time() - start,
+        "Serving %s (%s, %s) as /v1/models/%s on http://%s:%d; loading",
+        args.export_dir, args.engine, args.precision, name, args.host, args.port,
     )  # fmt: skip
     # uvicorn finishes the requests in flight on SIGINT/SIGTERM, then runs `shutdown`.
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
-                timeout_graceful_shutdown=args.timeout)  # fmt: skip
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                            timeout_graceful_shutdown=args.timeout)  # fmt: skip
+    held["server"] = uvicorn.Server(config)
+    held["server"].run()
+    if fatal:
+        raise SystemExit(f"keras-transformer-serve: error: {fatal[0]}")
 
 
 PAGE = """<!doctype html>

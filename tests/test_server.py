@@ -4,7 +4,10 @@ to as TF Serving's REST clients do (`export/serving/client_rest.py` unchanged).
 The translations are the ONNX export's own (`OnnxTranslator`, in a process without
 TensorFlow); bad requests get TF Serving's error shape and one line, and the server
 answers the next request; concurrent requests are batched together and each gets
-its own translations; a request in flight at shutdown is answered.
+its own translations; a request in flight at shutdown is answered; every engine and
+precision is served as asked (`--engine ctranslate2 --precision int8` is CTranslate2's
+int8, `--threads` reaches the runtime) and the metrics parse. Faults, overload and
+versions, with a stand-in translator: test_server_faults.py.
 """
 
 import json
@@ -13,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -43,29 +47,41 @@ def export(tmp_path_factory):
 
 
 def _start(onnx_dir, port, *args):
+    """A server process, once its status says AVAILABLE (its output in a file: the
+    access log would fill a pipe nobody reads)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    output = tempfile.TemporaryFile(mode="w+")
     process = subprocess.Popen(
         [sys.executable, "-m", "keras_transformer.serve", onnx_dir, "--port", str(port),
          "--model-name", NAME, "--max-sentences", "40", "--max-characters", "300", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
+        stdout=output, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
     )  # fmt: skip
     deadline = time.time() + 120
     while time.time() < deadline:
         if process.poll() is not None:
-            raise AssertionError(process.stdout.read()[-3000:])
+            output.seek(0)
+            raise AssertionError(output.read()[-3000:])
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models/{NAME}", timeout=2):
-                return process
-        except OSError:
-            time.sleep(0.2)
+            url = f"http://127.0.0.1:{port}/v1/models/{NAME}"
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if json.load(response)["model_version_status"][0]["state"] == "AVAILABLE":
+                    return process
+        except (OSError, IndexError):
+            pass
+        time.sleep(0.2)
     process.kill()
     raise AssertionError("the server did not start in 120 s")
+
+
+def _metadata(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models/{NAME}/metadata") as r:
+        return json.load(r)
 
 
 @pytest.fixture(scope="module")
 def server(export):
     port = _free_port()
-    process = _start(export[1]["onnx"], port, "--max-wait-ms", "50")
+    process = _start(export[1]["onnx"], port, "--max-wait-ms", "50", "--workers", "2")
     yield port
     process.send_signal(signal.SIGTERM)
     process.wait(timeout=30)
@@ -146,8 +162,7 @@ def test_another_model_name_is_404(server):
 
 def test_concurrent_requests_are_batched_and_each_gets_its_own(server, expected):
     def batches():
-        with urllib.request.urlopen(f"http://127.0.0.1:{server}/v1/models/{NAME}/metadata") as r:
-            return json.load(r)["server"]["batches"]
+        return _metadata(server)["server"]["batches"]
 
     before = batches()
     results = [None] * len(SENTENCES)
@@ -187,6 +202,75 @@ def test_a_request_in_flight_at_shutdown_is_answered(export, expected):
     # uvicorn re-raises the signal once it has shut down: the exit is by SIGTERM.
     assert process.wait(timeout=60) in (0, -signal.SIGTERM)
     assert answer.get("value") == expected["beam"]
+
+
+def test_two_workers_each_load_the_export_and_the_metrics_count_the_requests(server, expected):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def samples():
+        url = f"http://127.0.0.1:{server}/monitoring/prometheus/metrics"
+        with urllib.request.urlopen(url) as response:
+            text = response.read().decode("utf-8")
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
+
+    workers = _metadata(server)["server"]["workers"]
+    assert len(workers) == 2 and len({w["pid"] for w in workers}) == 2
+    assert {w["state"] for w in workers} <= {"idle", "busy"}
+    before = samples()
+    assert client_rest.translate(SENTENCES[:5], port=server, model=NAME) == expected["beam"][:5]
+    assert _post(server, {"instances": []})[0] == 400
+    after = samples()
+
+    def grew(name, **labels):
+        key = ("keras_transformer_serve_" + name, tuple(sorted(labels.items())))
+        return after[key] - before.get(key, 0.0)
+
+    assert grew("requests_total", code="200") == 1 and grew("requests_total", code="400") == 1
+    assert grew("sentences_total") == 5
+    assert grew("request_latency_seconds_count") == 2
+    assert after[("keras_transformer_serve_model_version", ())] == 1
+
+
+def test_onnx_int8_with_threads_is_what_the_runtime_reports(export):
+    onnx_dir = export[1]["onnx"]
+    jobs = [{"name": "int8", "call": "translate", "sentences": SENTENCES[:6],
+             "translator": {"precision": "int8"}}]  # fmt: skip
+    reference = onnx_jobs(onnx_dir, jobs)["int8"]["value"]
+    port = _free_port()
+    process = _start(onnx_dir, port, "--precision", "int8", "--threads", "2", "--workers", "1")
+    try:
+        runtime = _metadata(port)["server"]["runtime"]
+        assert runtime["precision"] == "int8" and runtime["intra_op_num_threads"] == 2
+        assert client_rest.translate(SENTENCES[:6], port=port, model=NAME) == reference
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+
+
+def test_ctranslate2_int8_is_served_as_int8(export):
+    from keras_transformer.ctranslate2_translator import CTranslate2Translator
+
+    ct2_dir = export[1]["ctranslate2"]
+    int8 = CTranslate2Translator(ct2_dir, compute_type="int8").translate(SENTENCES)
+    port = _free_port()
+    process = _start(ct2_dir, port, "--engine", "ctranslate2", "--precision", "int8",
+                     "--threads", "2", "--workers", "1")  # fmt: skip
+    try:
+        server = _metadata(port)["server"]
+        # CTranslate2's own report: int8 on a CPU is int8_float32 (int8 weights and
+        # matrix products, the rest in float32); the float32 engine reports float32
+        # (test_the_ctranslate2_engine_gives_the_n_best_with_scores_on_the_page_too).
+        assert server["runtime"]["compute_type"] == "int8_float32"
+        assert server["runtime"]["intra_threads"] == 2 and server["precision"] == "int8"
+        status, body = _post(port, {"instances": SENTENCES})
+        assert (status, body) == (200, {"predictions": int8})
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
 
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -248,6 +332,7 @@ def test_the_ctranslate2_engine_gives_the_n_best_with_scores_on_the_page_too(exp
     port = _free_port()
     process = _start(ct2_dir, port, "--engine", "ctranslate2")
     try:
+        assert _metadata(port)["server"]["runtime"]["compute_type"] == "float32"
         status, body = _post(port, {"instances": SENTENCES[:4], "num_hypotheses": 3})
         assert status == 200, body
         for got, n_best in zip(body["predictions"], reference, strict=True):

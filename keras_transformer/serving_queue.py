@@ -1,0 +1,139 @@
+"""The requests waiting for a worker in `keras-transformer-serve`: one queue for the
+whole server, bounded in sentences, from which batches are taken.
+
+    queue = RequestQueue(max_batch=64, max_wait_ms=5, max_queue=2048, metrics=Metrics())
+    request = queue.put(["Das Haus ist klein."], {"beam_size": 4}, timeout=30)  # QueueFull
+    await queue.ready()    # a batch is worth taking (full, or its first request waited)
+    batch = queue.take()   # the oldest request and those with its settings that fit
+    queue.abandon(request, "expired")  # its client stopped waiting: out of the queue
+
+A request whose deadline passes or whose client disconnects is taken out of the
+queue at that moment (counted by reason), so no worker translates it; a request
+already in a batch runs to the end of that batch.
+"""
+
+import asyncio
+import collections
+import dataclasses
+
+
+class QueueFull(Exception):
+    """The queue holds `--max-queue` sentences: answered 503 with Retry-After."""
+
+
+@dataclasses.dataclass(eq=False)
+class Request:
+    """One predict request's sentences on their way through the queue.
+
+    `future` gets the translations (or the error); `queued` is False once the
+    request is in a batch or dropped; `deadline` is in the event loop's clock."""
+
+    sentences: list
+    settings: dict
+    key: tuple  # requests with equal keys (search settings) share batches
+    arrived: float
+    deadline: float
+    future: asyncio.Future
+    queued: bool = True
+
+
+class RequestQueue:
+    """Requests waiting for a worker, at most `max_queue` sentences in all.
+
+    Args:
+        max_batch: sentences at most in one batch (a single request may have more).
+        max_wait_ms: how long the oldest request waits for others to batch with.
+        max_queue: sentences waiting at most; `put` raises `QueueFull` beyond.
+        metrics: a `serving_metrics.Metrics` (queue depth, dropped and rejected requests).
+    """
+
+    def __init__(self, max_batch, max_wait_ms, max_queue, metrics):
+        self.max_batch = max_batch
+        self.max_wait = max_wait_ms / 1000.0
+        self.max_queue = max_queue
+        self.metrics = metrics
+        self.sentences = 0  # waiting, all settings together
+        self._counts = collections.Counter()  # waiting sentences per settings key
+        self._items = collections.deque()
+        self._arrival = asyncio.Event()
+
+    def put(self, sentences, settings, timeout):
+        """Queues a request; its `future` gets the translations. Raises `QueueFull`."""
+        if self.sentences + len(sentences) > self.max_queue:
+            self.metrics.rejected.inc()
+            raise QueueFull(
+                f"The server is overloaded: {self.sentences} sentences are waiting and it "
+                f"queues at most {self.max_queue} (--max-queue). Retry later."
+            )
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        key = tuple(sorted(settings.items()))
+        request = Request(sentences, settings, key, now, now + timeout, loop.create_future())
+        self._items.append(request)
+        self._count(request, +1)
+        self._arrival.set()
+        return request
+
+    def abandon(self, request, reason):
+        """The client stopped waiting (`reason`: "expired" or "disconnected"): the
+        request leaves the queue, counted, if no batch has taken it yet."""
+        if not request.future.done():
+            request.future.cancel()
+        if request.queued:
+            self._items.remove(request)
+            self._drop(request, reason)
+
+    async def ready(self):
+        """Returns once a batch is worth taking: `max_batch` sentences with the oldest
+        request's settings are waiting, or the oldest has waited `max_wait_ms`."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._items:
+                self._arrival.clear()
+                await self._arrival.wait()
+                continue
+            head = self._items[0]
+            remaining = head.arrived + self.max_wait - loop.time()
+            if self._counts[head.key] >= self.max_batch or remaining <= 0:
+                return
+            self._arrival.clear()
+            try:
+                await asyncio.wait_for(self._arrival.wait(), remaining)
+            except TimeoutError:
+                return
+
+    def take(self):
+        """The next batch: the oldest request and the later ones with its settings, in
+        order, while they fit in `max_batch` sentences; expired ones are dropped."""
+        now = asyncio.get_running_loop().time()
+        batch, kept, count = [], collections.deque(), 0
+        while self._items:
+            request = self._items.popleft()
+            if now >= request.deadline:
+                if not request.future.done():
+                    request.future.set_exception(TimeoutError("expired in the queue"))
+                self._drop(request, "expired")
+                continue
+            fits = count + len(request.sentences) <= self.max_batch
+            if not batch or (request.key == batch[0].key and fits):
+                request.queued = False
+                self._count(request, -1)
+                batch.append(request)
+                count += len(request.sentences)
+                if count >= self.max_batch:
+                    break
+            else:
+                kept.append(request)
+        kept.extend(self._items)
+        self._items = kept
+        return batch
+
+    def _count(self, request, sign):
+        self.sentences += sign * len(request.sentences)
+        self._counts[request.key] += sign * len(request.sentences)
+        self.metrics.queue.set(self.sentences)
+
+    def _drop(self, request, reason):
+        request.queued = False
+        self._count(request, -1)
+        self.metrics.dropped.labels(reason).inc()
