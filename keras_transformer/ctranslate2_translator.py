@@ -26,7 +26,7 @@ import logging
 import os
 
 from keras_transformer import frontend
-from keras_transformer.search import SearchConfig
+from keras_transformer.search import SearchConfig, output_limit
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +119,8 @@ class CTranslate2Translator:
         return sources
 
     def translate_pieces(self, sources, beam_size, alpha, max_extra_length, stopping="k_finished",
-                         patience=1.0, exact_limits=True, num_hypotheses=None):  # fmt: skip
+                         patience=1.0, exact_limits=True, num_hypotheses=None,
+                         length_ratio=1.0):  # fmt: skip
         """Source pieces (EOS included) -> output piece lists (before EOS); with
         `num_hypotheses=N` (<= `beam_size`), `(N piece lists, N scores)` per
         source, best first: CTranslate2's scores (log-probability over its
@@ -135,9 +136,10 @@ class CTranslate2Translator:
         (with CTranslate2's own length penalty, `length ** alpha`). It has
         no `"bound"` rule, so that setting searches as `"k_finished"` here.
         """
-        # The package's limit: source length (EOS included) + max_extra_length output
-        # tokens (EOS included), at most max_length (`decoding.output_limits`).
-        limits = [min(len(s) + max_extra_length, self.info["max_length"]) for s in sources]
+        # The package's limit: ceil(length_ratio x source length) + max_extra_length
+        # tokens, EOS included on both sides, at most max_length (`search.output_limit`).
+        limits = [min(output_limit(len(s), length_ratio, max_extra_length),
+                      self.info["max_length"]) for s in sources]  # fmt: skip
         settings = dict(
             beam_size=beam_size,
             length_penalty=alpha,

@@ -5,18 +5,22 @@ from keras_transformer.search import PAPER
 from keras_transformer.translator import Translator
 
 
-def make_translate_fn(model, tokenizer, search=PAPER, batch_size=64):
-    """`translate(list of str) -> list of str` with the model's key/value cache.
+def make_translator(model, tokenizer, search=PAPER, batch_size=64):
+    """The `Translator` of evaluation: `batch_size` hypotheses decoded together.
 
     Args:
         search: a `SearchConfig`. Beam search decodes `beam_size` hypotheses
             per sentence, so the batch of sentences shrinks by that factor to
             keep the decoding batch constant.
     """
-    translator = Translator(
+    return Translator(
         model, tokenizer, search=search, batch_size=max(8, batch_size // search.beam_size)
     )
-    return translator.translate
+
+
+def make_translate_fn(model, tokenizer, search=PAPER, batch_size=64):
+    """`translate(list of str) -> list of str` with the model's key/value cache."""
+    return make_translator(model, tokenizer, search, batch_size).translate
 
 
 def score(hypotheses, references):

@@ -99,8 +99,9 @@ class OnnxTranslator:
             raise ValueError(f"batch_size must be a positive integer. Received: {batch_size!r}")
         self.batch_size = batch_size
         # The export's defaults (config.json), replaced by the settings given.
-        # The stopping rule is baked into the graph (config.json "search").
-        rule = {key: config.get("search", {}).get(key) for key in ("stopping", "patience")}
+        # The stopping rule and the length ratio are baked into the graph (config.json "search").
+        rule = {key: config.get("search", {}).get(key)
+                for key in ("stopping", "patience", "length_ratio")}  # fmt: skip
         self.search = SearchConfig.from_dict({**self.defaults, **rule}).replace(
             beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length
         )

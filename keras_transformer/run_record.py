@@ -123,7 +123,7 @@ def _metrics(config, stats, fitted, evaluated, wall_seconds):
         "test_decode_seconds": evaluated.test_seconds,
         "wall_seconds": wall_seconds,
         # The test decode's search (`workdir.SEARCH_KEYS`): the exports' default.
-        **{key: getattr(config, key) for key in SEARCH_KEYS},
+        **{key: getattr(evaluated.search, key) for key in SEARCH_KEYS},
     }
 
 
@@ -150,6 +150,11 @@ def report(run_info):
             f"chrF {m['chrf']:.2f}  exact match {100 * m['exact_match']:.1f}% "
             f"(single reference: chrF {m['chrf_single']:.2f}, "
             f"exact {100 * m['exact_match_first']:.1f}%)"
+        )
+    if "outputs_at_limit" in metrics:
+        lines.append(
+            f"Outputs that reached their length limit (ceil({metrics['length_ratio']:g} x source)"
+            f" + {metrics['max_extra_length']}): {metrics['outputs_at_limit']}"
         )
     if metrics["val_loss"] is not None:
         lines.append(f"Final validation loss {metrics['val_loss']:.3f}")

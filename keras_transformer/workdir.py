@@ -280,7 +280,7 @@ def write_progress(work_dir, train_seconds):
 
 
 # The search settings `run.json` records with the test decode's metrics.
-SEARCH_KEYS = ("beam_size", "alpha", "stopping", "patience")
+SEARCH_KEYS = ("beam_size", "alpha", "stopping", "patience", "length_ratio", "max_extra_length")
 
 
 def search_of(run_info):

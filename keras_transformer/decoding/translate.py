@@ -1,5 +1,7 @@
 """A model's source ids to output ids: length limits, suppressed tokens, compiled entry points."""
 
+import math
+
 import keras
 from keras import ops
 
@@ -39,14 +41,17 @@ def _suppress(logits, token_ids):
     return ops.where(banned, ops.cast(NEG_INF, logits.dtype), logits)
 
 
-def output_limits(source_ids, max_extra_length=PAPER.max_extra_length, max_length=None, pad_id=0):
-    """Output length limits: source length + `max_extra_length`, at most `max_length`.
+def output_limits(source_ids, max_extra_length=PAPER.max_extra_length, max_length=None, pad_id=0,
+                  length_ratio=PAPER.length_ratio):  # fmt: skip
+    """Output length limits: `ceil(length_ratio * source length) + max_extra_length`
+    (`search.output_limit`), at most `max_length`.
 
     Args:
         source_ids: `(B, S)` int ids, `pad_id` for padding.
         max_extra_length: int >= 0 (or an int32 scalar tensor), tokens allowed beyond
-            the source length.
+            `length_ratio` times the source length.
         max_length: int or None, the model's positional range.
+        length_ratio: float > 0 (a Python number: it is part of the graph).
 
     Returns:
         `(buffer_length, max_lengths)`: the buffer size T (a Python int when
@@ -58,8 +63,8 @@ def output_limits(source_ids, max_extra_length=PAPER.max_extra_length, max_lengt
         )
     source_ids = ops.cast(source_ids, "int32")
     lengths = ops.sum(ops.cast(ops.not_equal(source_ids, pad_id), "int32"), axis=1)  # (B,)
-    max_lengths = ops.maximum(lengths + max_extra_length, 1)
-    buffer_length = ops.shape(source_ids)[1] + max_extra_length
+    max_lengths = ops.maximum(_scaled(lengths, length_ratio) + max_extra_length, 1)
+    buffer_length = _scaled(ops.shape(source_ids)[1], length_ratio) + max_extra_length
     if max_length is not None:
         max_lengths = ops.minimum(max_lengths, max_length)
         if isinstance(buffer_length, int):
@@ -67,6 +72,16 @@ def output_limits(source_ids, max_extra_length=PAPER.max_extra_length, max_lengt
         else:
             buffer_length = ops.minimum(buffer_length, max_length)
     return buffer_length, max_lengths
+
+
+def _scaled(length, ratio):
+    """`ceil(ratio * length)` of an int or int tensor, as `search.output_limit` rounds it."""
+    if ratio == 1:
+        return length
+    if isinstance(length, int):
+        return math.ceil(ratio * length - 1e-6)
+    scaled = ops.ceil(ops.cast(length, "float32") * ratio - 1e-6)
+    return ops.cast(scaled, "int32")
 
 
 def translate_ids(
@@ -82,6 +97,7 @@ def translate_ids(
     prefix_ids=None,
     sampling=None,
     seeds=None,
+    length_ratio=PAPER.length_ratio,
 ):
     """Source ids to output ids with the model's key/value cache. Pure tensor code.
 
@@ -91,8 +107,9 @@ def translate_ids(
         source_ids: `(B, S)` int ids ending with EOS, `pad_id` for padding.
         beam_size: int. 1 runs greedy search.
         alpha: float, the length-penalty exponent of beam search.
-        max_extra_length: int. Each output has at most its source length +
-            `max_extra_length` tokens, and at most `config.max_length`.
+        max_extra_length, length_ratio: each output has at most
+            `ceil(length_ratio * source length) + max_extra_length` tokens,
+            and at most `config.max_length` (`output_limits`).
 
         num_hypotheses: None, or int N <= beam_size: return the N best
             hypotheses of the beam with their scores.
@@ -128,7 +145,7 @@ def translate_ids(
         model.build()
     source_ids = ops.cast(source_ids, "int32")
     buffer_length, max_lengths = output_limits(
-        source_ids, max_extra_length, config.max_length, config.pad_id
+        source_ids, max_extra_length, config.max_length, config.pad_id, length_ratio
     )
     drop_finished = loop.drops_finished() if drop_finished is None else drop_finished
     if drop_finished:  # a loop that may change shapes: the cache grows as it is filled
@@ -168,6 +185,7 @@ def compile_translate_ids(
     patience=PAPER.patience,
     sampling=None,
     prefix=False,
+    length_ratio=PAPER.length_ratio,
 ):
     """`translate_ids` compiled for the current backend: `fn(source_ids) -> ids`
     (with `num_hypotheses`: `-> (ids, scores)`). With `sampling` (`(temperature,
@@ -182,6 +200,7 @@ def compile_translate_ids(
     settings = dict(
         beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length,
         num_hypotheses=num_hypotheses, stopping=stopping, patience=patience,
+        length_ratio=length_ratio,
         drop_finished=False if jit_compile else None,  # XLA: static shapes
     )  # fmt: skip
     extra = sampling is not None or prefix
@@ -232,7 +251,8 @@ def compile_translate_ids(
     return run
 
 
-def uncached_greedy_search(model, source_ids, max_extra_length=PAPER.max_extra_length, eos_id=None):
+def uncached_greedy_search(model, source_ids, max_extra_length=PAPER.max_extra_length, eos_id=None,
+                           length_ratio=PAPER.length_ratio):  # fmt: skip
     """Reference greedy search without a cache, as the TensorFlow tutorial decodes.
 
     Every step re-runs the whole decoder on the output so far (the encoder
@@ -255,7 +275,7 @@ def uncached_greedy_search(model, source_ids, max_extra_length=PAPER.max_extra_l
     eos_id = config.eos_id if eos_id is None else eos_id
     source_ids = ops.cast(source_ids, "int32")
     buffer_length, max_lengths = output_limits(
-        source_ids, max_extra_length, config.max_length, config.pad_id
+        source_ids, max_extra_length, config.max_length, config.pad_id, length_ratio
     )
     encoder_outputs = model.encode(source_ids, training=False)
     start = ops.zeros_like(source_ids[:, :1]) + config.bos_id  # (B, 1)

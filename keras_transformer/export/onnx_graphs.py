@@ -118,7 +118,8 @@ def decoder_step_function(model):
     return decoder_step
 
 
-def search_function(model, beam_sizes=(1, 4), stopping=PAPER.stopping, patience=PAPER.patience):
+def search_function(model, beam_sizes=(1, 4), stopping=PAPER.stopping, patience=PAPER.patience,
+                    length_ratio=PAPER.length_ratio):  # fmt: skip
     """`tf.function`: `decoding.translate_ids` with the search settings as inputs.
 
     Inputs: `source_ids` int32 (B, S); `beam_size` int32 scalar, one of
@@ -127,7 +128,7 @@ def search_function(model, beam_sizes=(1, 4), stopping=PAPER.stopping, patience=
     Output: `target_ids` int32 (B, T). Each beam size is its own branch
     (the search's state has the beam size in its shapes); a beam size not
     in `beam_sizes` fails in the graph with a message naming them.
-    `stopping` and `patience` are baked in (`search.SearchConfig`).
+    `stopping`, `patience` and `length_ratio` are baked in (`search.SearchConfig`).
     """
     if not beam_sizes or any(not isinstance(k, int) or k < 1 for k in beam_sizes):
         raise ValueError(f"beam_sizes must be positive integers. Received: {beam_sizes}")
@@ -147,8 +148,9 @@ def search_function(model, beam_sizes=(1, 4), stopping=PAPER.stopping, patience=
 
         def branch(k):
             return lambda: translate_ids(
-                model, source_ids, k, alpha, max_extra_length, stopping=stopping, patience=patience
-            )
+                model, source_ids, k, alpha, max_extra_length, stopping=stopping,
+                patience=patience, length_ratio=length_ratio,
+            )  # fmt: skip
 
         def refuse():
             # ONNX has no assert: an out-of-range Gather fails in ONNX Runtime with this
@@ -313,7 +315,8 @@ def export_translate(model, vocab_path, path, search):
 
     beam_sizes = tuple(sorted({1, int(search["beam_size"])}))
     rule = dict(stopping=search.get("stopping", PAPER.stopping),
-                patience=search.get("patience", PAPER.patience))  # fmt: skip
+                patience=search.get("patience", PAPER.patience),
+                length_ratio=search.get("length_ratio", PAPER.length_ratio))  # fmt: skip
     defaults = {
         "beam_size": np.array(search["beam_size"], np.int32),
         "alpha": np.array(search["alpha"], np.float32),

@@ -80,6 +80,7 @@ def export_saved_model(
     max_extra_length=PAPER.max_extra_length,
     stopping=PAPER.stopping,
     patience=PAPER.patience,
+    length_ratio=PAPER.length_ratio,
 ):
     """Writes the four signatures of a `Transformer` and its tokenizer to `export_dir`.
 
@@ -87,8 +88,8 @@ def export_saved_model(
         model: a trained `Transformer` (TensorFlow backend).
         tokenizer: a keras-hub `SentencePieceTokenizer` with the model's vocabulary.
         export_dir: directory to write (TF Serving's `<name>/<version>`).
-        beam_size, alpha, max_extra_length, stopping, patience: search
-            settings baked into the signatures (`search.SearchConfig`).
+        beam_size, alpha, max_extra_length, stopping, patience, length_ratio:
+            search settings baked into the signatures (`search.SearchConfig`).
     """
     if keras.backend.backend() != "tensorflow":
         raise RuntimeError(
@@ -96,7 +97,9 @@ def export_saved_model(
             f"Received: backend={keras.backend.backend()!r}"
         )
     config = model.config
-    settings = SearchConfig(beam_size, alpha, max_extra_length, stopping, patience).to_dict()
+    settings = SearchConfig(
+        beam_size, alpha, max_extra_length, stopping, patience, length_ratio
+    ).to_dict()
     search = {key: value for key, value in settings.items() if key != "beam_size"}
     tokenizer.build(None)  # the SentencePiece op must exist before tracking
 

@@ -6,7 +6,7 @@ import logging
 import time
 
 from keras_transformer.averaging import average_by_validation
-from keras_transformer.evaluation import make_translate_fn, score_test
+from keras_transformer.evaluation import make_translator, score_test
 from keras_transformer.hardware import importable
 from keras_transformer.model import Transformer
 
@@ -21,6 +21,7 @@ class Evaluated:
     test_metrics: dict  # `evaluation.score_test`'s; {} without a test decode
     samples: list
     test_seconds: float
+    search: object  # the `SearchConfig` of the test decode: the exports' default
 
 
 def finish(model, config, work, inputs, is_chief):
@@ -40,15 +41,61 @@ def finish(model, config, work, inputs, is_chief):
             config.average_last, ema=bool(config.ema),
         )  # fmt: skip
     data = inputs.data
+    search = fitted_search(config, inputs.train_batches.tokenized)
     if not config.test or not data.splits["test"]:
-        return model, Evaluated(averaging, {}, [], 0.0)
+        return model, Evaluated(averaging, {}, [], 0.0, search)
     pairs = data.pairs("test", limit=config.test_samples or None)
-    translate = make_translate_fn(model, inputs.tokenizer, config.search)
+    translator = make_translator(model, inputs.tokenizer, search)
     start = time.time()
-    hypotheses = translate([source for source, _ in pairs])
+    source_ids = translator.encode([source for source, _ in pairs])
+    output_ids = translator.translate_ids(source_ids)
+    hypotheses = translator.decode(output_ids)
     seconds = time.time() - start
     metrics, samples = score_test(pairs, hypotheses, data.info["name"], config.ding_path)
-    return model, Evaluated(averaging, metrics, samples, seconds)
+    metrics["outputs_at_limit"] = outputs_at_limit(source_ids, output_ids, search, translator)
+    return model, Evaluated(averaging, metrics, samples, seconds, search)
+
+
+def fitted_search(config, train_split):
+    """`config.search` with the output limit fitted on the training pairs'
+    token lengths (`search.fit_output_limit`) where `--length-ratio` and
+    `--max-extra-length` leave it open; logged."""
+    import numpy as np
+
+    from keras_transformer.search import fit_output_limit
+
+    search = config.search
+    if config.length_ratio is not None and config.max_extra_length is not None:
+        return search
+    source = np.diff(train_split.source_offsets)  # with EOS
+    output = np.diff(train_split.target_offsets) + 1  # generated tokens: EOS too
+    ratio, extra = fit_output_limit(source, output)
+    search = search.replace(
+        length_ratio=ratio if config.length_ratio is None else None,
+        max_extra_length=extra if config.max_extra_length is None else None,
+    )
+    logger.info(
+        "Output limit ceil(%g x source tokens) + %d (fitted on the %d training pairs: "
+        "the tightest that holds 99.99%% of them; --length-ratio, --max-extra-length)",
+        search.length_ratio, search.max_extra_length, len(source),
+    )  # fmt: skip
+    return search
+
+
+def outputs_at_limit(source_ids, output_ids, search, translator):
+    """Outputs that ended at their length limit (`search.output_limit`, at most the
+    model's `max_length`) instead of at EOS: cut, or as long as allowed."""
+    from keras_transformer.search import output_limit
+
+    config = translator.config
+    count = 0
+    for source, output in zip(source_ids, output_ids, strict=True):
+        if not source:
+            continue
+        limit = output_limit(len(source), search.length_ratio, search.max_extra_length)
+        generated = [t for t in output if t != config.pad_id]
+        count += config.eos_id not in generated and len(generated) >= min(limit, config.max_length)
+    return count
 
 
 def plain_float32(model):

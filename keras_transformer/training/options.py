@@ -178,6 +178,14 @@ class TrainingConfig:
         "(exact, slower); of the test decode and the exports", choices=STOPPING_RULES,
     )  # fmt: skip
     patience: float | None = _option(help="of --stopping k_finished")
+    length_ratio: float | None = _option(
+        help="output limit ceil(A x source tokens) + B of the test decode and the exports: "
+        "A (default: A and B fitted on the training corpus, the tightest that holds 99.99%% "
+        "of its pairs)", metavar="A",
+    )  # fmt: skip
+    max_extra_length: int | None = _option(
+        help="the B of --length-ratio's limit (default: fitted with A)", metavar="B"
+    )
     average_last: int | None = _option(
         help="average the last k epoch checkpoints, k <= N chosen by validation loss "
         "(1: no averaging)"
@@ -199,7 +207,8 @@ class TrainingConfig:
     def search(self):
         """The `SearchConfig` of the test decode and the exports (None: the paper's)."""
         return PAPER.replace(beam_size=self.beam_size, alpha=self.alpha, stopping=self.stopping,
-                             patience=self.patience)  # fmt: skip
+                             patience=self.patience, length_ratio=self.length_ratio,
+                             max_extra_length=self.max_extra_length)  # fmt: skip
 
     @property
     def filter_names(self):
