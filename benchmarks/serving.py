@@ -10,22 +10,26 @@ same number of compute threads (`--threads`, default 1).
 
     saved_model       the SavedModel's text signatures (TensorFlow)
     onnx              translate.onnx (ONNX Runtime; search in the graph)
-    onnx_int8         translate_int8.onnx: the same with int8 matrix-product weights
+    onnx_int8         translate_int8.onnx: the same with int8 matrix products (per-row scales)
     ctranslate2       the CTranslate2 export, compute_type float32 (C++ search)
     ctranslate2_int8  the same, compute_type int8 (weights quantized at load)
 
 Reported per point: sentences per second (wall clock; the median, and the
-slowest and fastest round in brackets), CPU seconds of the
-worker per batch (user + system, `time.process_time`: stable on a shared
-machine), both medians over rounds; the share of each runtime's outputs
-equal to translate.onnx's; and the chrF of each runtime on the sentences'
-Ding references. `--test-set N` translates the first N pairs of the fixed
-Ding test split instead (the pairs `train.py` scores; 1,000 there) and adds
-chrF and BLEU on them and on their full sentences: the quality cost of
-int8. Greedy outputs of float32 paths are the same model's greedy search
-and should agree exactly; beam search differs by design in CTranslate2
-(its length penalty is length ** alpha, the package's the paper's
-((5 + length) / 6) ** alpha).
+slowest and fastest round in brackets), CPU seconds of the worker per
+batch (user + system, `time.process_time`: stable on a shared machine),
+both medians over rounds; the share of each runtime's outputs equal to
+translate.onnx's; and the chrF of each runtime on the sentences' Ding
+references. With batch 1 and a larger batch: the share of sentences that
+translate the same alone and inside the largest batch (what a server that
+batches requests needs; `onnx_int8` and CTranslate2's int8 quantize each
+row on its own; CTranslate2's beam batch runs at its longest sentence's
+limit here, which can change an output too). `--test-set N` translates the
+first N pairs of the fixed Ding test split instead (the pairs `train.py`
+scores; 1,000 there) and adds chrF and BLEU on them and on their full
+sentences: the quality cost of int8. Greedy outputs of float32 paths are
+the same model's greedy search and should agree exactly; beam search
+differs by design in CTranslate2 (its length penalty is length ** alpha,
+the package's the paper's ((5 + length) / 6) ** alpha).
 
     # the newest exports in saved_models/transformer_de_en (ONNX and CTranslate2 too):
     python benchmarks/serving.py --model-dir saved_models/transformer_de_en
@@ -342,8 +346,31 @@ def report(args, name, model_config, runtimes, batch_sizes, rounds, pairs, sente
             print(f"    its {len(sentences)} full sentences: " + ", ".join(
                 f"{r} {summary[key][r]['sentences_chrf']:.2f} / "
                 f"{summary[key][r]['sentences_bleu']:.2f}" for r in runtimes))  # fmt: skip
-    print(json.dumps({"model": name, "threads": args.threads, "results": summary}))
+    neighbours = alone_in_batch(runtimes, batch_sizes, rounds)
+    if neighbours:
+        print(f"\nThe same output alone (batch 1) and in a batch of {max(batch_sizes)}:")
+        for search, shares in neighbours.items():
+            print(f"  {search}: " + ", ".join(f"{r} {100 * shares[r]:.0f}%" for r in runtimes))
+    print(json.dumps({"model": name, "threads": args.threads, "results": summary,
+                      "alone_in_batch": neighbours}))  # fmt: skip
     return summary
+
+
+def alone_in_batch(runtimes, batch_sizes, rounds):
+    """`{search: {runtime: share}}`: the sentences whose output at batch 1 is their output
+    inside the largest batch (the first round's), per runtime; {} without both sizes."""
+    if 1 not in batch_sizes or max(batch_sizes) == 1:
+        return {}
+    shares = {}
+    for search in SEARCHES:
+        shares[search] = {}
+        for runtime in runtimes:
+            alone = rounds[runtime][0][f"{search}|1"]["outputs"]
+            batched = rounds[runtime][0][f"{search}|{max(batch_sizes)}"]["outputs"]
+            shares[search][runtime] = sum(
+                a == b for a, b in zip(alone, batched, strict=True)
+            ) / len(alone)
+    return shares
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import sys
 
 HERE = os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
 # The clone's root first, and export/ itself off the path: its onnx_model.py would
-# shadow onnxruntime.transformers' `onnx_model`, which the int8 quantizer imports.
+# shadow onnxruntime.transformers' `onnx_model` for whoever imports it (ONNX Runtime's tools).
 sys.path[:] = [os.path.dirname(HERE)] + [p for p in sys.path if os.path.realpath(p or ".") != HERE]
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")  # the exporters trace with TensorFlow
 

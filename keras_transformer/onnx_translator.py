@@ -13,7 +13,7 @@ Example:
     translator = OnnxTranslator("saved_models/transformer_de_en/onnx/1")
     translator("Das Haus ist klein.")                       # beam 4, alpha 0.6
     translator.translate(["Das Haus ist klein."], beam_size=1)  # greedy
-    OnnxTranslator("saved_models/transformer_de_en/onnx/1", precision="int8")  # int8 weights
+    OnnxTranslator("saved_models/transformer_de_en/onnx/1", precision="int8")  # int8 products
 """
 
 import json
@@ -55,8 +55,10 @@ class OnnxTranslator:
         providers: onnxruntime execution providers (default CPU).
         intra_op_num_threads: onnxruntime threads (0 = one per core).
         precision: "float32" runs translate.onnx; "int8" the same graph with
-            int8 matrix-product weights (translate_int8.onnx, written by the
-            export beside it): faster on CPUs, slightly different outputs.
+            int8 matrix products (translate_int8.onnx, written by the export
+            beside it; each row of activations quantized on its own, so a
+            sentence translates the same alone and in any batch): faster on
+            CPUs, slightly different outputs.
     """
 
     def __init__(

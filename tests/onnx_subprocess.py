@@ -12,7 +12,8 @@ A job is `{"name", "call", "sentences", "kwargs"}`; `call` is `translate`
 or blank handling), `session` (the raw onnxruntime session, `sentences`
 given as a nested list of any rank, `kwargs` its optional inputs) or `construct` (`OnnxTranslator(**kwargs)`).
 A job's optional `"translator"` dict holds `OnnxTranslator` arguments (e.g.
-`{"precision": "int8"}`); jobs without it share the default translator.
+`{"precision": "int8", "batch_size": 64}`; default batch size 32, one thread);
+jobs without it share the default translator.
 A sentence `{"bytes": "<latin-1 text>"}` stands for raw bytes. Each result is
 `{"value": ...}` or `{"error": "<type>: <message>"}`.
 """
@@ -52,9 +53,8 @@ def main():
         options = job.get("translator", {})
         key = json.dumps(options, sort_keys=True)
         if key not in translators and job["call"] != "construct":
-            translators[key] = OnnxTranslator.load(
-                export_dir, batch_size=32, intra_op_num_threads=1, **options
-            )
+            settings = {"batch_size": 32, "intra_op_num_threads": 1, **options}
+            translators[key] = OnnxTranslator.load(export_dir, **settings)
         translator = translators.get(key)
         sentences = _sentence(job.get("sentences"))
         kwargs = job.get("kwargs", {})

@@ -8,9 +8,9 @@
      -> translations     string (B,)
 
     translate_int8.onnx
-        the same graph with its matrix products' weights quantized to int8
-        (ONNX Runtime's dynamic quantization: int8 weights, activations
-        quantized per call): `OnnxTranslator(..., precision="int8")`.
+        the same graph with int8 matrix products, each row of activations
+        quantized on its own, so an output does not depend on its batch
+        (`onnx_int8`): `OnnxTranslator(..., precision="int8")`.
 
     One graph with everything inside: onnxruntime-extensions' SentencePiece
     tokenizer, the SavedModel's source rules (truncation to max_length - 1
@@ -51,6 +51,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer.decoding import translate_ids
+from keras_transformer.export.onnx_int8 import quantize_translate
 from keras_transformer.export.onnx_passes import simplify
 from keras_transformer.export.onnx_text import text_to_text
 from keras_transformer.search import PAPER, SearchConfig
@@ -345,34 +346,6 @@ def export_translate(model, vocab_path, path, search):
 
 
 INT8_GRAPH = "translate_int8.onnx"
-
-
-def quantize_translate(path, int8_path):
-    """Writes `translate.onnx` at `path` with int8 weights to `int8_path` (dynamic quantization).
-
-    Only the `MatMul`s with a constant weight are quantized (one scale per
-    weight matrix, activations quantized per call), inside the search's
-    `If` and `Loop` bodies too (`EnableSubgraph`), which is where every
-    matrix product of the model is; the embedding `Gather`, the attention
-    products and the element-wise ops stay float32. Per-channel scales and
-    `reduce_range` measured no better on the Ding test pairs
-    (benchmarks/README.md, "Serving").
-
-    Returns:
-        dict of what config.json records: the file and the settings.
-    """
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    settings = {"op_types": ["MatMul"], "weight_type": "QInt8", "per_channel": False}
-    quantize_dynamic(
-        path,
-        int8_path,
-        op_types_to_quantize=settings["op_types"],
-        weight_type=QuantType.QInt8,
-        per_channel=settings["per_channel"],
-        extra_options={"EnableSubgraph": True},
-    )
-    return {"graph": os.path.basename(int8_path), **settings}
 
 
 def export_onnx(model, vocab_path, export_dir, opset=DEFAULT_OPSET, search=None):
