@@ -174,7 +174,7 @@ def make_app(model_name, server, limits, engine, metrics, access_log=True):
                        "runtime": info.get("runtime"), "beam_sizes": info.get("beam_sizes"),
                        "default_beam_size": info.get("default_beam"), "limits": limits,
                        "batches": server.batches,
-                       "workers": [w.describe() for w in server.workers]},
+                       "worker_processes": [w.describe() for w in server.workers]},
         })  # fmt: skip
 
     async def metrics_page(request):

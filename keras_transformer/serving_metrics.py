@@ -54,7 +54,7 @@ class Metrics:
             "(--max-queue)", registry=registry,
         )  # fmt: skip
         self.workers = Gauge(
-            PREFIX + "workers", "worker processes by state", ["state"], registry=registry
+            PREFIX + "worker_processes", "worker processes by state", ["state"], registry=registry
         )
         self.worker_restarts = Counter(
             PREFIX + "worker_restarts", "workers replaced: crashed (the process died) or hung "

@@ -217,7 +217,7 @@ def test_two_workers_each_load_the_export_and_the_metrics_count_the_requests(ser
             for sample in family.samples
         }
 
-    workers = _metadata(server)["server"]["workers"]
+    workers = _metadata(server)["server"]["worker_processes"]
     assert len(workers) == 2 and len({w["pid"] for w in workers}) == 2
     assert {w["state"] for w in workers} <= {"idle", "busy"}
     before = samples()

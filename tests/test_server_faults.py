@@ -143,7 +143,7 @@ class Served:
         )
 
     def workers(self):
-        return json.loads(self.get(f"/v1/models/{NAME}/metadata"))["server"]["workers"]
+        return json.loads(self.get(f"/v1/models/{NAME}/metadata"))["server"]["worker_processes"]
 
     def batches(self):
         """The stand-in's calls so far: `[(pid, sentences)]`."""
@@ -375,7 +375,7 @@ def test_the_metrics_count_what_was_sent_and_the_access_log_is_json(serve):
     assert server.metric("sentences_total") == 4
     assert server.metric("batches_total", outcome="ok") == 3
     assert server.metric("model_version") == 1
-    assert server.metric("workers", state="idle") == 1
+    assert server.metric("worker_processes", state="idle") == 1
     lines = [json.loads(x) for x in server.output.read_text().splitlines() if x.startswith("{")]
     predicts = [line for line in lines if line["path"].endswith(":predict")]
     assert [line["status"] for line in predicts] == [200, 200, 200, 400]
