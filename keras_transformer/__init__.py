@@ -55,21 +55,46 @@ def register_keras_classes():
 
 
 class _AfterKerasLoads(importlib.abc.MetaPathFinder):
-    """Finds `keras` as Python would and registers this package's classes once
-    its module has run; then leaves `sys.meta_path`."""
+    """Registers this package's classes once `keras` has loaded and no module of
+    this package is half imported; then leaves `sys.meta_path`.
+
+    `from keras_transformer import DecoderLayer` imports `keras` from inside
+    `keras_transformer.layers`: registering then would import
+    `keras_transformer.model`, which needs the half-imported layers (a
+    circular import). So the finder also counts the modules of this package
+    being executed, and registers when `keras` has loaded and that count is
+    back to 0: at the end of the import that loaded Keras.
+    """
+
+    def __init__(self):
+        self.keras_loaded = False
+        self.importing = 0  # modules of this package being executed
 
     def find_spec(self, name, path=None, target=None):
-        if name != "keras":
+        if name != "keras" and not name.startswith(__name__ + "."):
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
+        spec = None
+        for finder in sys.meta_path:  # as Python would, without this finder
+            if finder is not self and hasattr(finder, "find_spec"):
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    break
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         exec_module = spec.loader.exec_module
+        is_keras = name == "keras"
+        counted = 0 if is_keras else 1  # Keras is not one of this package's modules
 
         def exec_then_register(module):
-            exec_module(module)
-            _register_quietly()
+            self.importing += counted
+            try:
+                exec_module(module)
+            finally:
+                self.importing -= counted
+            self.keras_loaded = self.keras_loaded or is_keras
+            if self.keras_loaded and self.importing == 0 and self in sys.meta_path:
+                sys.meta_path.remove(self)
+                _register_quietly()
 
         spec.loader.exec_module = exec_then_register
         return spec
@@ -93,9 +118,6 @@ def _register_when_keras_loads():
         sys.meta_path.insert(0, _AfterKerasLoads())
 
 
-_register_when_keras_loads()
-
-
 def __getattr__(name):
     module = _EXPORTS.get(name)
     if module is None:
@@ -107,3 +129,6 @@ def __getattr__(name):
 
 def __dir__():
     return sorted(set(globals()) | set(__all__))
+
+
+_register_when_keras_loads()  # last: registering reads `__getattr__`

@@ -3,6 +3,10 @@ inside functions included: a lazy import only hides a cycle until it runs)."""
 
 import ast
 import os
+import subprocess
+import sys
+
+import pytest
 
 import keras_transformer
 
@@ -102,3 +106,80 @@ def test_work_directory_layout_is_written_in_one_module():
             code = f.read()
         for name in names:
             assert name not in code, f"{path} spells out {name}: use keras_transformer.workdir"
+
+
+PUBLIC_LAYERS = [
+    "DecoderLayer",
+    "EncoderLayer",
+    "FeedForward",
+    "MultiHeadAttention",
+    "PositionalEncoding",
+    "TokenEmbedding",
+]
+
+# Imports one public layer first, in a fresh process, before Keras; then loads a
+# `.keras` file holding every layer, and reads the registry.
+_IMPORT_FIRST = """
+import sys
+{statement}
+assert "keras" in sys.modules  # the layer's module imported Keras
+import keras
+model = keras.saving.load_model(sys.argv[1])
+names = ["Transformer", "TransformerSchedule", "LabelSmoothedCrossEntropy", "MaskedAccuracy"]
+missing = [n for n in {layers} + names if keras.saving.get_registered_object(
+    "keras_transformer>" + n) is None]
+assert not missing, missing
+print("loaded", sorted(type(layer).__name__ for layer in model.layers)[:3])
+"""
+
+
+@pytest.fixture(scope="module")
+def every_layer_file(tmp_path_factory):
+    """A `.keras` file of a model built from every public layer."""
+    import keras
+
+    from keras_transformer import layers
+
+    source = keras.Input((None,), dtype="int32")
+    target = keras.Input((None,), dtype="int32")
+    embedding = layers.TokenEmbedding(20, 8)
+    x = layers.PositionalEncoding()(embedding(source))
+    x = layers.EncoderLayer(8, 2, 16)(x)
+    x = layers.MultiHeadAttention(num_heads=2, key_dim=4)(x, x)
+    y = layers.DecoderLayer(8, 2, 16)(layers.PositionalEncoding()(embedding(target)), x)
+    model = keras.Model([source, target], layers.FeedForward(8, 16)(y))
+    path = str(tmp_path_factory.mktemp("layers") / "every_layer.keras")
+    model.save(path)
+    return path
+
+
+IMPORTS_FIRST = [f"from keras_transformer import {name}" for name in PUBLIC_LAYERS] + [
+    "from keras_transformer.layers import EncoderLayer",
+    "import keras_transformer.layers.attention",
+]
+
+
+def test_importing_a_layer_first_registers_every_class_without_a_warning(every_layer_file):
+    """Issue 51: `from keras_transformer import DecoderLayer` before Keras printed a
+    warning about a partially initialized module (the classes were registered while
+    `keras_transformer.layers` was half imported) and left them unregistered. One
+    fresh process per import, run side by side."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, KERAS_BACKEND="jax", PYTHONPATH=root)
+    processes = {
+        statement: subprocess.Popen(
+            [sys.executable, "-c", _IMPORT_FIRST.replace("{statement}", statement).replace(
+                "{layers}", repr(PUBLIC_LAYERS)), every_layer_file],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=root,
+        )
+        for statement in IMPORTS_FIRST
+    }  # fmt: skip
+    failures = []
+    for statement, process in processes.items():
+        output, _ = process.communicate(timeout=300)
+        loaded = "loaded ['DecoderLayer', 'EncoderLayer', 'FeedForward']" in output
+        warned = [w for w in ("not registered", "circular import", "partially initialized")
+                  if w in output]  # fmt: skip
+        if process.returncode or not loaded or warned:
+            failures.append(f"{statement}: {warned or output[-1500:]}")
+    assert not failures, "\n".join(failures)

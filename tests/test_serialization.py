@@ -37,6 +37,22 @@ LAYERS = [
         bias_initializer="ones",
         name="attention",
     ),
+    MultiHeadAttention(  # Keras's arguments
+        num_heads=3,
+        key_dim=5,
+        value_dim=6,
+        dropout=0.1,
+        use_bias=False,
+        output_shape=(2, 7),
+        attention_axes=1,
+        flash_attention=False,
+        kernel_regularizer="l2",
+        bias_regularizer="l1",
+        kernel_constraint="non_neg",
+        bias_constraint="unit_norm",
+        seed=7,
+        name="keras_attention",
+    ),
     PositionalEncoding(max_wavelength=500.0, name="positions"),
     TokenEmbedding(vocab_size=30, d_model=8, pad_id=None, embeddings_initializer="uniform"),
     FeedForward(
@@ -82,6 +98,52 @@ def test_layer_config_round_trips(layer):
     restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
     assert type(restored) is type(layer)
     assert restored.get_config() == config
+
+
+# `MultiHeadAttention(d_model=16, num_heads=4, ...).get_config()` before Keras's
+# arguments (issue 51): what `.keras` files saved then hold.
+OLD_ATTENTION_CONFIG = {
+    "name": "a",
+    "trainable": True,
+    "dtype": {
+        "module": "keras",
+        "class_name": "DTypePolicy",
+        "config": {"name": "float32"},
+        "registered_name": None,
+    },
+    "d_model": 16,
+    "num_heads": 4,
+    "dropout": 0.1,
+    "use_fused_attention": True,
+    "kernel_initializer": {
+        "module": "keras.initializers",
+        "class_name": "GlorotUniform",
+        "config": {"seed": None, "input_axes": None, "output_axes": None},
+        "registered_name": None,
+    },
+    "bias_initializer": {
+        "module": "keras.initializers",
+        "class_name": "Zeros",
+        "config": {},
+        "registered_name": None,
+    },
+}
+
+
+@pytest.mark.multibackend
+def test_an_old_attention_config_loads_as_the_short_form():
+    layer = MultiHeadAttention.from_config(OLD_ATTENTION_CONFIG)
+    expected = MultiHeadAttention(
+        d_model=16, num_heads=4, dropout=0.1, use_fused_attention=True, name="a"
+    )
+    assert layer.get_config() == expected.get_config()
+    assert (layer.key_dim, layer.value_dim) == (4, 4)
+    layer.build((None, None, 16))  # the weights (and their paths) of a file saved then
+    assert [w.path for w in layer.weights] == [
+        f"a/{dense}/{weight}"
+        for dense in ("query", "key", "value", "attention_output")
+        for weight in ("kernel", "bias")
+    ]
 
 
 @pytest.mark.multibackend

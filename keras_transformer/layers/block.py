@@ -49,8 +49,8 @@ class TransformerBlock(keras.layers.Layer):
 
     def _attention(self, name):
         return MultiHeadAttention(
-            self.d_model,
-            self.num_heads,
+            d_model=self.d_model,
+            num_heads=self.num_heads,
             dropout=self.attention_dropout,
             use_fused_attention=self.use_fused_attention,
             dtype=self.dtype_policy,
@@ -72,6 +72,80 @@ class TransformerBlock(keras.layers.Layer):
         """
         x = x + self.dropout_layer(sublayer_output, training=training)
         return x if self.norm_first else norm(x)
+
+    # keras-hub's block of the same math, which `from_keras` copies.
+    KERAS_HUB_CLASS = None
+
+    @classmethod
+    def from_keras(cls, layer, **kwargs):
+        """This block with the arguments and weights of a built keras-hub block.
+
+        `EncoderLayer.from_keras(keras_hub.layers.TransformerEncoder)`,
+        `DecoderLayer.from_keras(keras_hub.layers.TransformerDecoder)` (with
+        cross-attention if `layer` was built with an encoder sequence).
+        `kwargs` override arguments (`use_fused_attention=True`, ...).
+
+        The same math, post-LN or pre-LN (`normalize_first` becomes
+        `norm_first`), with these differences:
+
+        - keras-hub applies one `dropout` to the attention probabilities
+          and the residuals: it becomes `dropout` and `attention_dropout`
+          (the random streams differ, so training steps do).
+        - keras-hub's attention also masks the rows of padded queries (the
+          query's Keras mask, through `keras.layers.MultiHeadAttention`):
+          outputs at padded positions differ, real positions are equal.
+        - keras-hub's decoder can be called with `use_causal_mask=False`;
+          `DecoderLayer` is always causal.
+        - An `activation` other than "relu" is refused: `FeedForward` in
+          these blocks is the paper's ReLU network.
+        """
+        expected = cls.KERAS_HUB_CLASS
+        names = {f"{k.__module__.split('.')[0]}.{k.__name__}" for k in type(layer).__mro__}
+        if f"keras_hub.{expected}" not in names:
+            raise TypeError(
+                f"{cls.__name__}.from_keras copies a keras_hub.layers.{expected}. "
+                f"Received: {type(layer).__name__}"
+            )
+        if not layer.built:
+            raise ValueError(
+                f"keras-hub layer '{layer.name}' has no weights yet: call it once, or build it"
+            )
+        if keras.activations.get(layer.activation) is not keras.activations.relu:
+            raise ValueError(
+                f"{cls.__name__} has a ReLU feed-forward network. Received: "
+                f"activation={keras.activations.serialize(layer.activation)}"
+            )
+        self_attention = layer._self_attention_layer
+        arguments = dict(
+            d_model=self_attention.query_dense.kernel.shape[0],
+            num_heads=layer.num_heads,
+            d_ff=layer.intermediate_dim,
+            dropout=layer.dropout,
+            attention_dropout=layer.dropout,
+            norm_first=layer.normalize_first,
+            layer_norm_epsilon=layer.layer_norm_epsilon,
+            dtype=layer.dtype_policy,
+            name=layer.name,
+        )
+        block = cls(**(arguments | kwargs))
+        block._build_like(layer)
+        block.self_attention.copy_weights_from(self_attention)
+        pairs = [
+            (block.self_attention_norm, layer._self_attention_layer_norm),
+            (block.feed_forward.inner_dense, layer._feedforward_intermediate_dense),
+            (block.feed_forward.output_dense, layer._feedforward_output_dense),
+            (block.feed_forward_norm, layer._feedforward_layer_norm),
+        ]
+        if getattr(layer, "_cross_attention_layer", None) is not None:
+            block.cross_attention.copy_weights_from(layer._cross_attention_layer)
+            pairs.append((block.cross_attention_norm, layer._cross_attention_layer_norm))
+        for mine, theirs in pairs:
+            mine.set_weights(theirs.get_weights())
+        return block
+
+    def _build_like(self, layer):
+        """Builds this block with the input shapes of the built keras-hub `layer`."""
+        raise NotImplementedError
 
     def get_config(self):
         config = super().get_config()

@@ -3,6 +3,7 @@
 import keras
 
 from keras_transformer.layers.block import TransformerBlock
+from keras_transformer.layers.masks import keras_mask, merge_masks
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -39,12 +40,15 @@ class DecoderLayer(TransformerBlock):
         encoder_outputs: `(B, S, D)` encoder output, or None for a
             decoder-only layer.
         padding_mask: `(B, T)` bool, True for real target tokens; defaults
-            to the Keras mask of `inputs`.
+            to the Keras mask of `inputs` (given, it replaces that mask, as
+            in keras-hub's `TransformerDecoder`).
         encoder_padding_mask: `(B, S)` bool, True for real source tokens;
-            defaults to the Keras mask of `encoder_outputs`.
-        attention_mask: `(B, T, T)` bool, combined with the causal mask,
-            e.g. to keep the sequences packed in one row apart.
-        encoder_attention_mask: `(B, T, S)` bool for cross-attention.
+            defaults to the Keras mask of `encoder_outputs` (given, it
+            replaces that mask).
+        attention_mask: `(B, T, T)` bool, ANDed with the causal and padding
+            masks, e.g. to keep the sequences packed in one row apart.
+        encoder_attention_mask: `(B, T, S)` bool for cross-attention, ANDed
+            with the encoder padding mask.
         training: bool.
         return_attention_scores: bool. Also return the attention
             probabilities: `(outputs, scores)` with `scores["self_attention"]`
@@ -52,7 +56,11 @@ class DecoderLayer(TransformerBlock):
             `scores["cross_attention"]` `(B, N, T, S)`.
 
     Returns:
-        `(B, T, D)` tensor (or `(outputs, scores)`, see above).
+        `(B, T, D)` tensor (or `(outputs, scores)`, see above), carrying the
+        Keras mask of `inputs`. Masks hide padded and future keys; padded
+        positions are not masked as queries (see `EncoderLayer`).
+
+    Weights copy from keras-hub's `TransformerDecoder`: `from_keras`.
 
     Incremental decoding: `compute_cross_key_value(encoder_outputs)` projects
     the encoder output once; `call_with_cache` runs one step against the
@@ -75,12 +83,19 @@ class DecoderLayer(TransformerBlock):
     (False, 2224)
     """
 
+    KERAS_HUB_CLASS = "TransformerDecoder"
+
     def __init__(self, d_model, num_heads, d_ff, **kwargs):
         super().__init__(d_model, num_heads, d_ff, **kwargs)
         # Created here, given weights in `build` only for encoder-decoder use.
         self.cross_attention = self._attention("cross_attention")
         self.cross_attention_norm = self._layer_norm("cross_attention_norm")
         self.has_cross_attention = None  # known once built
+
+    def _build_like(self, layer):
+        cross = getattr(layer, "_cross_attention_layer", None)
+        encoder_shape = None if cross is None else (None, None, cross.key_dense.kernel.shape[0])
+        self.build((None, None, self.d_model), encoder_shape)
 
     def build(self, inputs_shape, encoder_outputs_shape=None):
         self.self_attention.build(inputs_shape, inputs_shape)
@@ -120,34 +135,30 @@ class DecoderLayer(TransformerBlock):
     ):
         self._check_encoder_outputs(encoder_outputs)
         if padding_mask is None:
-            padding_mask = getattr(inputs, "_keras_mask", None)
+            padding_mask = keras_mask(inputs)
         scores = {}
 
         h = self._sublayer_input(inputs, self.self_attention_norm)
-        h = self.self_attention(
-            h,
-            padding_mask=padding_mask,
-            attention_mask=attention_mask,
-            use_causal_mask=True,
-            training=training,
-            return_attention_scores=return_attention_scores,
-        )
+        mask = merge_masks(inputs, inputs, padding_mask, attention_mask, use_causal_mask=True)
+        h = self.self_attention.attend(
+            h, h, mask=mask, training=training, return_attention_scores=return_attention_scores
+        )  # (B, T, D)
         if return_attention_scores:
             h, scores["self_attention"] = h  # (B, N, T, T)
         x = self._add_residual(inputs, h, self.self_attention_norm, training)  # (B, T, D)
 
         if self.has_cross_attention:
             if encoder_padding_mask is None:
-                encoder_padding_mask = getattr(encoder_outputs, "_keras_mask", None)
+                encoder_padding_mask = keras_mask(encoder_outputs)
             h = self._sublayer_input(x, self.cross_attention_norm)
-            h = self.cross_attention(
+            mask = merge_masks(x, encoder_outputs, encoder_padding_mask, encoder_attention_mask)
+            h = self.cross_attention.attend(
                 h,
                 encoder_outputs,
-                padding_mask=encoder_padding_mask,
-                attention_mask=encoder_attention_mask,
+                mask=mask,
                 training=training,
                 return_attention_scores=return_attention_scores,
-            )
+            )  # (B, T, D)
             if return_attention_scores:
                 h, scores["cross_attention"] = h  # (B, N, T, S)
             x = self._add_residual(x, h, self.cross_attention_norm, training)  # (B, T, D)
@@ -224,8 +235,8 @@ class DecoderLayer(TransformerBlock):
         x = self._add_residual(x, h, self.feed_forward_norm, False)  # (B, 1, D)
         return x, self_cache
 
-    def compute_mask(self, inputs, encoder_outputs=None, mask=None, **kwargs):
-        return getattr(inputs, "_keras_mask", None)
+    def compute_mask(self, inputs, previous_mask=None):
+        return previous_mask  # the Keras mask of `inputs`, for the next layer
 
     def compute_output_shape(self, inputs_shape, encoder_outputs_shape=None):
         return inputs_shape

@@ -3,6 +3,7 @@
 import keras
 
 from keras_transformer.layers.block import TransformerBlock
+from keras_transformer.layers.masks import keras_mask, merge_masks
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -28,9 +29,16 @@ class EncoderLayer(TransformerBlock):
         inputs: `(B, S, D)` tensor.
         padding_mask: `(B, S)` bool, True for real tokens. Defaults to the
             Keras mask of `inputs`, so the layer works after
-            `keras.layers.Embedding(mask_zero=True)`.
-        attention_mask: `(B, S, S)` bool.
+            `keras.layers.Embedding(mask_zero=True)`; given, it replaces
+            that mask (as in keras-hub's `TransformerEncoder`).
+        attention_mask: `(B, S, S)` bool, ANDed with the padding mask.
         training: bool.
+
+    Masks hide padded keys: an output at a real position does not depend
+    on the padding. Padded positions attend to the real tokens (their rows
+    are not masked, so they stay finite on every attention kernel), and
+    the output carries the Keras mask of `inputs` to the next layer.
+    Weights copy from keras-hub's `TransformerEncoder`: `from_keras`.
 
     Example:
 
@@ -41,6 +49,11 @@ class EncoderLayer(TransformerBlock):
     >>> classifier = keras.Model(inputs, outputs)
     """
 
+    KERAS_HUB_CLASS = "TransformerEncoder"
+
+    def _build_like(self, layer):
+        self.build((None, None, self.d_model))
+
     def build(self, inputs_shape):
         self.self_attention.build(inputs_shape, inputs_shape)
         self.self_attention_norm.build(inputs_shape)
@@ -50,18 +63,17 @@ class EncoderLayer(TransformerBlock):
 
     def call(self, inputs, padding_mask=None, attention_mask=None, training=None):
         if padding_mask is None:
-            padding_mask = getattr(inputs, "_keras_mask", None)
+            padding_mask = keras_mask(inputs)
+        mask = merge_masks(inputs, inputs, padding_mask, attention_mask)  # (B, S, S), or None
 
         h = self._sublayer_input(inputs, self.self_attention_norm)
-        h = self.self_attention(
-            h, padding_mask=padding_mask, attention_mask=attention_mask, training=training
-        )
+        h = self.self_attention.attend(h, h, mask=mask, training=training)
         x = self._add_residual(inputs, h, self.self_attention_norm, training)  # (B, S, D)
         h = self.feed_forward(self._sublayer_input(x, self.feed_forward_norm), training=training)
         return self._add_residual(x, h, self.feed_forward_norm, training)  # (B, S, D)
 
-    def compute_mask(self, inputs, mask=None):
-        return mask
+    def compute_mask(self, inputs, previous_mask=None):
+        return previous_mask  # the Keras mask of `inputs`, for the next layer
 
     def compute_output_shape(self, inputs_shape):
         return inputs_shape

@@ -2,9 +2,23 @@
 
 padding_mask:   (B, S)     True = real key token
 attention_mask: (B, T, S)  True = query t may attend to key s
+Keras mask:     (B, L)     True = real token; the mask a tensor carries once a
+                           layer such as `Embedding(mask_zero=True)` set it
 """
 
 from keras import ops
+
+try:  # Keras 3 keeps a tensor's mask beside it where the tensor takes no attribute
+    from keras.src.backend import get_keras_mask as _get_keras_mask
+except ImportError:  # pragma: no cover - older Keras 3
+
+    def _get_keras_mask(x):
+        return getattr(x, "_keras_mask", None)
+
+
+def keras_mask(x):
+    """The Keras mask `x` carries (`(B, L)` bool, True = real token), or None."""
+    return None if x is None else _get_keras_mask(x)
 
 
 def padding_mask_from_ids(token_ids, pad_id=0):
@@ -33,8 +47,10 @@ def causal_mask(query_length, key_length):
     return rows >= cols
 
 
-def merge_masks(query, key, padding_mask=None, attention_mask=None, use_causal_mask=False):
-    """Combines padding, explicit and causal masks into one `(B, T, S)` bool mask.
+def merge_masks(
+    query, key, padding_mask=None, attention_mask=None, use_causal_mask=False, query_mask=None
+):
+    """Combines padding, explicit, causal and query masks into one `(B, T, S)` bool mask.
 
     Args:
         query: `(B, T, ...)` tensor; only its length is read.
@@ -42,14 +58,20 @@ def merge_masks(query, key, padding_mask=None, attention_mask=None, use_causal_m
         padding_mask: optional `(B, S)` bool, True for real keys.
         attention_mask: optional `(B, T, S)` bool.
         use_causal_mask: whether query t may only see keys <= t.
+        query_mask: optional `(B, T)` bool, True for real queries; a padded
+            query attends to nothing (`keras.layers.MultiHeadAttention`'s
+            rule for the query's Keras mask).
 
     Returns:
-        `(B, T, S)` (or broadcastable `(B, 1, S)` / `(1, T, S)`) bool tensor,
-        or None when there is nothing to mask.
+        `(B, T, S)` (or broadcastable `(B, 1, S)` / `(B, T, 1)` / `(1, T, S)`)
+        bool tensor, or None when there is nothing to mask.
     """
     mask = None
     if padding_mask is not None:
         mask = ops.cast(padding_mask, "bool")[:, None, :]  # (B, 1, S)
+    if query_mask is not None:
+        rows = ops.cast(query_mask, "bool")[:, :, None]  # (B, T, 1)
+        mask = rows if mask is None else ops.logical_and(mask, rows)
     if attention_mask is not None:
         attention_mask = ops.cast(attention_mask, "bool")  # (B, T, S)
         mask = attention_mask if mask is None else ops.logical_and(mask, attention_mask)
