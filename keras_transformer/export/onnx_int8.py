@@ -40,9 +40,10 @@ element-wise ops stay float32.
 import os
 
 import numpy as np
-from onnx import AttributeProto, TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
-from keras_transformer.export.onnx_passes import prune
+from keras_transformer.export.onnx_passes import _all_graphs as _graphs
+from keras_transformer.export.onnx_passes import _subgraphs, prune
 
 _INT8_MAX = 127
 _ZERO_POINT = 128  # uint8 activations: 128 + round(127 x / m), in [1, 255]
@@ -101,17 +102,6 @@ def _integer_product(rows, ranges, codes, scales, y):
         helper.make_node("Mul", [name["float"], ranges], [name["rows"]]),
         helper.make_node("Mul", [name["rows"], scales], [y]),
     ]
-
-
-def _subgraphs(node):
-    return [a.g for a in node.attribute if a.type == AttributeProto.GRAPH]
-
-
-def _graphs(graph):
-    yield graph
-    for node in graph.node:
-        for subgraph in _subgraphs(node):
-            yield from _graphs(subgraph)
 
 
 def quantize_matmul_weights(model):
