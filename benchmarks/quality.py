@@ -257,9 +257,9 @@ def decode_worker(args):
     from keras_transformer.hardware import configure_threads
 
     configure_threads()  # before TensorFlow runs its first op
+    from keras_transformer import workdir
     from keras_transformer.data import load_translation_data
     from keras_transformer.evaluation import make_translate_fn
-    from keras_transformer.search import PAPER
     from keras_transformer.training import load_trained
 
     work_dir = os.path.join(args.out_dir, "keras_transformer")
@@ -277,10 +277,10 @@ def decode_worker(args):
     }
     with open(os.path.join(args.out_dir, "heldout.json"), "w", encoding="utf-8") as f:
         json.dump(heldout, f, indent=1, ensure_ascii=False)
-    model, tokenizer, _ = load_trained(work_dir)
-    translate = make_translate_fn(
-        model, tokenizer, PAPER.replace(beam_size=args.beam_size, alpha=args.alpha)
-    )
+    model, tokenizer, info = load_trained(work_dir)
+    # The run's output limit (fitted on its corpus), the benchmark's beam and alpha.
+    search = workdir.search_of(info).replace(beam_size=args.beam_size, alpha=args.alpha)
+    translate = make_translate_fn(model, tokenizer, search)
     translate(heldout["sources"])  # untimed, as the loop's first pass: traces excluded on both
     start = time.time()
     hypotheses = translate(heldout["sources"])

@@ -7,8 +7,8 @@ reported on test.
 
 Translates the first `--samples` pairs of the validation split with every
 beam size x alpha x stopping rule (x patience, for `k_finished`)
-(`search.SearchConfig`: the GNMT length penalty `((5 + len) / 6) ** alpha`)
-and scores them as the run's test evaluation
+(`search.SearchConfig`: the GNMT length penalty `((5 + len) / 6) ** alpha`),
+each with the run's own output limit, and scores them as the run's test evaluation
 does (chrF and BLEU against the single reference; for Ding also against
 every accepted translation and on the full sentences alone). The setting
 with the best validation chrF, and the run's own, are then scored on the
@@ -71,7 +71,6 @@ def main(argv=None):
 
     from keras_transformer import workdir
     from keras_transformer.evaluation import make_translate_fn
-    from keras_transformer.search import PAPER
     from keras_transformer.training import load_trained
 
     model, tokenizer, info = load_trained(args.work_dir)
@@ -86,12 +85,15 @@ def main(argv=None):
         scores = evaluate(translate, *splits[split])
         return time.time() - start, scores
 
+    # Every setting keeps the run's output limit (`length_ratio`,
+    # `max_extra_length`, fitted on its corpus): only what the sweep names varies.
+    own = workdir.search_of(info)
     settings = []
     for beam in (int(b) for b in args.beams.split(",")):
         for alpha in (float(a) for a in args.alphas.split(",")):
             for stopping in args.stoppings.split(","):
                 for patience in (float(p) for p in args.patiences.split(",")):
-                    search = PAPER.replace(
+                    search = own.replace(
                         beam_size=beam, alpha=alpha, stopping=stopping, patience=patience
                     )
                     if (beam == 1 or stopping == "bound") and patience != 1.0:
@@ -107,7 +109,6 @@ def main(argv=None):
         results[search] = scores
         print(_row(search, seconds, scores), flush=True)
     best = max(results, key=lambda key: results[key]["test"]["chrf"])
-    own = workdir.search_of(info)
     print(f"\ntest, first {args.samples} pairs: the run's setting and validation's best")
     print(HEADER)
     rows = {}
