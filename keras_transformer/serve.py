@@ -1,6 +1,6 @@
 """`keras-transformer-serve`: an export served over HTTP with TF Serving's REST contract.
 
-    pip install "keras-transformer-nmt[serve,server]"
+    pip install -e ".[serve,server]"          # in the clone
     keras-transformer-serve saved_models/transformer_de_en/onnx --port 8501
     python export/serving/client_rest.py "Das Haus ist klein."
 
@@ -426,7 +426,7 @@ def main(argv=None, factory=None):
     except ImportError:
         raise SystemExit(
             "keras-transformer-serve needs the server extra: "
-            'pip install "keras-transformer-nmt[server]"'
+            'pip install -e ".[server]" in the clone'
         ) from None
     fatal, held = [], {}
 

@@ -16,8 +16,8 @@ axis. The library functions do the same from Python:
   map as a matplotlib `Figure`, saved as a PNG when `path` is given;
 - `plot_translation_attention(translator, sentences, output_dir)`.
 
-Plotting needs matplotlib, an optional extra: `pip install
-"keras-transformer-nmt[plot]"`. Weights come from `Transformer.decode(...,
+Plotting needs matplotlib, an optional extra: `pip install -e
+".[plot]"` in the clone. Weights come from `Transformer.decode(...,
 return_attention_scores=True)`, which leaves the default path unchanged.
 """
 
@@ -44,7 +44,7 @@ def _matplotlib_figure():
     except ImportError as error:
         raise ImportError(
             "Plotting attention needs matplotlib, an optional dependency: "
-            "pip install 'keras-transformer-nmt[plot]' (or pip install matplotlib)"
+            "pip install -e '.[plot]' in the clone (or pip install matplotlib)"
         ) from error
     return Figure
 

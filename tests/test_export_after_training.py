@@ -48,4 +48,4 @@ def test_the_default_formats_are_the_installed_ones(monkeypatch, caplog):
     )
     with caplog.at_level("INFO"):
         assert export.installed_formats() == ("saved_model", "onnx")
-    assert "pip install 'keras-transformer-nmt[ctranslate2]'" in caplog.text
+    assert "pip install -e '.[ctranslate2]'" in caplog.text

@@ -136,7 +136,7 @@ def test_command_writes_pngs_from_a_work_directory(tmp_path, work_dir, capsys):
 def test_missing_matplotlib_is_named(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
-    with pytest.raises(ImportError, match=r"keras-transformer-nmt\[plot\]"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[plot\]'"):
         plot_attention(np.ones((1, 1)), ["a"], ["b"])
 
 

@@ -1,4 +1,6 @@
-"""REST client for the TF Serving deployment (not run in CI: it needs a running server).
+"""REST client for the TF Serving deployment; tests/test_server.py and
+tests/test_start_to_finish.py run it against `keras-transformer-serve`, which answers
+the same REST API (TF Serving itself does not run in CI).
 
     docker compose -f export/serving/docker-compose.yml up -d
     python export/serving/client_rest.py "Das Haus ist klein." "Wo ist der Bahnhof?"

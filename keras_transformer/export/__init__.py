@@ -108,7 +108,7 @@ def export_all(
         if importlib.util.find_spec("ctranslate2") is None:
             raise ValueError(
                 "The ctranslate2 format needs the ctranslate2 package: "
-                "`pip install 'keras-transformer-nmt[ctranslate2]'` (or `pip install ctranslate2`)."
+                "`pip install -e '.[ctranslate2]'` in the clone (or `pip install ctranslate2`)."
             )
     if version is None:  # one new version number for every format
         version = new_version(output_dir, name)
@@ -152,14 +152,14 @@ def default_name(run_info):
 
 def installed_formats():
     """`FORMATS` less `"ctranslate2"` where the ctranslate2 package is not installed
-    (an optional extra: `pip install 'keras-transformer-nmt[ctranslate2]'`), with a log line."""
+    (an optional extra: `pip install -e '.[ctranslate2]'` in the clone), with a log line."""
     import importlib.util
 
     if importlib.util.find_spec("ctranslate2") is not None:
         return FORMATS
     logger.info(
         "No CTranslate2 export: the ctranslate2 package is not installed "
-        "(pip install 'keras-transformer-nmt[ctranslate2]')."
+        "(pip install -e '.[ctranslate2]' in the clone)."
     )
     return tuple(f for f in FORMATS if f != "ctranslate2")
 

@@ -29,7 +29,8 @@ def parse_args(description, argv=None):
     )  # fmt: skip
     parser.add_argument(
         "--patience", type=float, default=None,
-        help=f"k_finished: stop after beam_size * patience ends (default {PAPER.patience})",
+        help=f"k_finished: stop after beam_size * patience ends "
+        f"(default: run.json's, else {PAPER.patience})",
     )  # fmt: skip
     parser.add_argument(
         "--formats",
