@@ -15,6 +15,7 @@ from keras_transformer.layers import (
     TokenEmbedding,
     padding_mask_from_ids,
 )
+from keras_transformer.layers.attention import padding_bias
 from keras_transformer.layers.block import layer_norm
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.masks import PACKING_KEYS, same_segment_mask
@@ -378,60 +379,78 @@ class Transformer(keras.Model):
 
 
 class GrowingCache:
-    """A `Transformer` whose self-attention cache holds only the positions decoded so far.
+    """A `Transformer` decoding in the step layout: caches that only grow, nothing copied.
 
     `Transformer.init_cache` allocates keys and values for all T output
-    positions up front, and every `decode_step` rewrites the whole
-    `(B, L, T, N, H)` buffer (a one-hot blend) and attends over all T,
-    masked: the shapes a compiled loop that cannot change them (JAX)
-    needs. Here the cache holds the positions decoded so far plus one
-    free, zero position: the model's own `decode_step` writes the new key
-    and value there and attends over exactly the earlier positions, then
-    one zero position is appended for the next step. Step t costs O(t),
-    not O(T), and attends over the same keys (the masked ones only ever
-    added exact zeros). It has what `decoding.translate_ids` needs
-    (`config`, `built`, `SOURCE_CACHE`, `init_cache`, `decode_step`), so
-    the search and the model code are the package's own, unchanged.
+    positions up front in one `(B, L, T, N, H)` tensor per kind, and every
+    `decode_step` slices each layer's cache out of it, rewrites all T
+    positions (a one-hot blend), transposes the keys and values for the
+    attention products and stacks the layers back: the shapes a compiled
+    loop that cannot change them (JAX) needs. Here each layer's caches are
+    their own entries (tuples over the layers), in the step layout of
+    `DecoderLayer.call_with_step_cache` (heads first, keys transposed): the
+    self-attention cache holds exactly the positions decoded so far and a
+    step appends one, the cross-attention keys and values are computed once,
+    and the source padding is a logit bias computed once. A step costs
+    O(t) arithmetic and copies nothing but its append. It has what
+    `decoding.translate_ids` needs (`config`, `built`, `SOURCE_CACHE`,
+    `init_cache`, `decode_step`), so the search is the package's own.
 
-    The free position is there from the start because a cache with 0
-    positions converts to ONNX `Reshape`s whose 0 means "copy this
-    dimension". The T axis changes size from step to step, so this only
-    works where the loop allows it (`decoding.drops_finished()`): in a
-    `tf.function` with a dynamic source length (T is then statically
-    unknown), and in torch's Python loop.
+    The T axis changes size from step to step, so this only works where the
+    loop allows it (`decoding.drops_finished()`): `tf.while_loop` with shape
+    invariants (the SavedModel's, translate.onnx's `Loop`) and torch's
+    Python loop.
     """
+
+    SOURCE_CACHE = ("cross_key", "cross_value", "source_bias")
 
     def __init__(self, model):
         self.model = model
         self.config = model.config
-        self.SOURCE_CACHE = model.SOURCE_CACHE
         self.built = model.built
 
-    def _zeros(self, reference, positions, dtype):
-        """`(B, L, positions, N, H)` zeros, batch from `reference` (B, ...)."""
-        config = self.config
-        shape = (
-            ops.shape(reference)[0],
-            config.num_layers,
-            positions,
-            config.num_heads,
-            config.d_model // config.num_heads,
-        )
-        return ops.zeros(shape, dtype)
-
     def init_cache(self, source_ids, max_length):
-        """The model's cache with one free self-attention position (`max_length` unused)."""
-        cache = self.model.init_cache(source_ids, 1)
-        one = ops.shape(source_ids)[1] * 0 + 1  # a tensor in a graph: T stays unknown to the loop
-        free = self._zeros(source_ids, one, cache["self_key"].dtype)  # (B, L, 1, N, H)
-        return dict(cache, self_key=free, self_value=free)
+        """Encodes the source; empty self-attention caches (`max_length` unused).
+
+        Returns:
+            dict, every entry batch-first: `index` `(B,)` int32; per decoder
+            layer (tuples of L tensors) `self_key` `(B, N, H, 0)`,
+            `self_value` `(B, N, 0, H)`, `cross_key` `(B, N, H, S)`,
+            `cross_value` `(B, N, S, H)`; `source_bias` `(B, 1, 1, S)` float32.
+        """
+        model, config = self.model, self.config
+        source_ids = ops.cast(source_ids, "int32")
+        encoder_outputs = model.encode(source_ids, training=False)  # (B, S, D)
+        layers = model.decoder_layers
+        cross = [layer.compute_step_cross_key_value(encoder_outputs) for layer in layers]
+        batch_size = ops.shape(source_ids)[0]
+        heads, size = config.num_heads, config.d_model // config.num_heads
+        dtype = cross[0][0].dtype
+        return {
+            "index": ops.zeros((batch_size,), dtype="int32"),
+            "self_key": tuple(ops.zeros((batch_size, heads, size, 0), dtype) for _ in layers),
+            "self_value": tuple(ops.zeros((batch_size, heads, 0, size), dtype) for _ in layers),
+            "cross_key": tuple(key for key, _ in cross),
+            "cross_value": tuple(value for _, value in cross),
+            "source_bias": padding_bias(padding_mask_from_ids(source_ids, config.pad_id)),
+        }
 
     def decode_step(self, token_ids, cache):
-        logits, cache = self.model.decode_step(token_ids, cache)  # fills the free position
-        free = self._zeros(cache["self_key"], 1, cache["self_key"].dtype)  # (B, L, 1, N, H)
-        cache = dict(
-            cache,
-            self_key=ops.concatenate([cache["self_key"], free], axis=2),  # (B, L, t + 2, N, H)
-            self_value=ops.concatenate([cache["self_value"], free], axis=2),
-        )
-        return logits, cache
+        """`Transformer.decode_step` on this cache: `(logits (B, V) float32, cache)`."""
+        model = self.model
+        index = cache["index"]  # (B,)
+        x = model._embed(ops.cast(token_ids, "int32")[:, None], start_index=index)  # (B, 1, D)
+        keys, values = [], []
+        for i, layer in enumerate(model.decoder_layers):
+            x, (key, value) = layer.call_with_step_cache(
+                x,
+                cache["self_key"][i],
+                cache["self_value"][i],
+                cross_key=cache["cross_key"][i],
+                cross_value=cache["cross_value"][i],
+                encoder_bias=cache["source_bias"],
+            )
+            keys.append(key)
+            values.append(value)
+        logits = model._logits(x)[:, 0, :]  # (B, V)
+        return logits, dict(cache, index=index + 1, self_key=tuple(keys), self_value=tuple(values))

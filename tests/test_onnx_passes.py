@@ -142,6 +142,24 @@ def test_outer_weights_are_reshaped_once_for_all_loops():
     )
 
 
+
+def test_each_loop_multiplies_by_its_own_copy_of_an_outer_weight():
+    model = _outer_weights_model()
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    expected = _run(model, {"x": x})
+    onnx_passes.fold_outer_constants(model)  # the weight is now one main-graph initializer
+    assert onnx_passes.localize_matmul_weights(model) == 2  # one copy per loop body
+    onnx.checker.check_model(model, full_check=True)
+    bodies = [n.attribute[0].g for n in model.graph.node if n.op_type == "Loop"]
+    for body in bodies:
+        (matmul,) = [n for n in body.node if n.op_type == "MatMul"]
+        assert [t.name for t in body.initializer] == [matmul.input[1]]
+    assert bodies[0].initializer[0].name != bodies[1].initializer[0].name  # no shadowing
+    assert [t.name for t in model.graph.initializer] == ["trips"]  # the outer copy is pruned
+    for got, want in zip(_run(model, {"x": x}), expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert onnx_passes.localize_matmul_weights(model) == 0  # idempotent
+
 def _tensordot_model(contracted_axis):
     """tf.tensordot(x (2, 5, 4), w (4, 3)) as tf2onnx writes it, flattening around one axis."""
     free = [a for a in range(3) if a != contracted_axis]

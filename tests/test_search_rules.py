@@ -269,25 +269,28 @@ def test_dropping_finished_changes_no_translation(monkeypatch, tmp_path):
 
 
 @pytest.mark.multibackend
-def test_the_models_cross_attention_cache_has_one_row_per_sentence():
+def test_the_models_cross_attention_cache_has_one_row_per_sentence(monkeypatch):
     """In the model's beam search each step sees the source's keys and values once per
     sentence still searching, and its K hypotheses' tokens: never K copies of them."""
     if keras.backend.backend() == "jax":
         pytest.skip("JAX's compiled loop: no per-step shapes to record")
     from keras_transformer import Transformer
+    from keras_transformer.model import GrowingCache  # the cache of a loop that drops rows
 
     model = Transformer.from_preset(
         "tiny", vocab_size=32, dropout=0.0, d_model=32, d_ff=64, max_length=24
     )
     model.build()
     seen = []
-    decode_step = model.decode_step
+    decode_step = GrowingCache.decode_step
 
-    def recording(token_ids, cache):
-        seen.append((int(ops.shape(token_ids)[0]), int(ops.shape(cache["cross_key"])[0])))
-        return decode_step(token_ids, cache)
+    def recording(self, token_ids, cache):
+        rows = [int(ops.shape(key)[0]) for key in cache["cross_key"]]  # one entry per layer
+        assert len(set(rows)) == 1
+        seen.append((int(ops.shape(token_ids)[0]), rows[0]))
+        return decode_step(self, token_ids, cache)
 
-    model.decode_step = recording
+    monkeypatch.setattr(GrowingCache, "decode_step", recording)
     source_ids = np.array([[5, 6, 7, 3], [8, 3, 0, 0], [9, 10, 3, 0]], "int32")
     decoding.translate_ids(model, source_ids, beam_size=3, max_extra_length=3)
     assert seen[0] == (3, 3)  # the first step: one hypothesis per sentence

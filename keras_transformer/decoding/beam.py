@@ -149,23 +149,32 @@ def beam_search(
         if shared:
             cache = {key: value for key, value in cache.items() if key not in shared}
         vocab_size = logits.shape[-1]  # static
-        log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)  # (A*W, V)
+        logits = ops.cast(logits, "float32")  # (A*W, V)
+        # log P = logit - logsumexp, monotone within a row: a row's 2K best tokens
+        # hold every continuation of it that can be among its sentence's 2K best, so
+        # only those are normalized and scored, never the full (A*W, V) log-softmax.
+        normalizer = ops.logsumexp(logits, axis=-1, keepdims=True)  # (A*W, 1)
         if first or min_length > 1:  # one pass over (A*W, V) saved on every later step
-            log_probs = _forbid_early_end(log_probs, step, eos_id, min_length)
-        log_probs = ops.reshape(log_probs, (-1, width, vocab_size))  # (A, W, V)
-        candidates = beams["alive_log_probs"][:, :, None] + log_probs  # (A, W, V)
-        candidates = ops.reshape(candidates, (-1, width * vocab_size))  # (A, W*V)
-        if width * vocab_size < 2 * k:  # a small vocabulary's first step: NEG_INF fillers
+            logits = _forbid_early_end(logits, step, eos_id, min_length)
+        per_row = min(2 * k, vocab_size)
+        row_logits, row_ids = ops.top_k(logits, per_row)  # (A*W, P)
+        log_probs = ops.reshape(row_logits - normalizer, (-1, width, per_row))  # (A, W, P)
+        candidates = beams["alive_log_probs"][:, :, None] + log_probs  # (A, W, P)
+        candidates = ops.reshape(candidates, (-1, width * per_row))  # (A, W*P)
+        row_ids = ops.reshape(ops.cast(row_ids, "int32"), (-1, width * per_row))  # (A, W*P)
+        if width * per_row < 2 * k:  # a small vocabulary's first step: NEG_INF fillers
+            fillers = 2 * k - width * per_row
             filler = ops.zeros_like(candidates[:, :1]) + NEG_INF  # (A, 1)
-            candidates = ops.concatenate([candidates] + [filler] * (2 * k - width * vocab_size),
-                                         axis=1)  # fmt: skip
+            candidates = ops.concatenate([candidates] + [filler] * fillers, axis=1)
+            row_ids = ops.concatenate([row_ids] + [ops.zeros_like(row_ids[:, :1]) + pad_id]
+                                      * fillers, axis=1)  # fmt: skip
 
         # The 2K best continuations: at most K of them end, so K stay alive.
         top_log_probs, top_indices = ops.top_k(candidates, 2 * k)  # (A, 2K)
         top_indices = ops.cast(top_indices, "int32")
-        top_beams = ops.minimum(ops.floor_divide(top_indices, vocab_size), width - 1)
+        top_beams = ops.minimum(ops.floor_divide(top_indices, per_row), width - 1)
         top_beams = top_beams + _batch_offsets(top_indices, width)  # rows of the A*W hypotheses
-        top_ids = ops.mod(top_indices, vocab_size)  # (A, 2K)
+        top_ids = ops.take_along_axis(row_ids, top_indices, axis=1)  # (A, 2K)
         top_seqs = _write(_take(beams["alive_seqs"], top_beams), step, ops.reshape(top_ids, (-1,)))
         at_limit = (step + 1 >= beams["limits"])[:, None]  # (A, 1)
         ends = ops.logical_or(ops.equal(top_ids, eos_id), at_limit)  # (A, 2K)

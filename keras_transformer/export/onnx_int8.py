@@ -112,7 +112,7 @@ def quantize_matmul_weights(model):
     per graph: the greedy and the beam loop each hold a copy of the
     decoder's): ONNX Runtime prepacks a constant weight for its integer GEMM
     only when it is an initializer of the consumer's own graph; read from an
-    outer graph (where the float weights are, `onnx_passes.fold_outer_constants`),
+    outer graph (where `onnx_passes.fold_outer_constants` leaves them),
     it is packed again at every call: 23.5 µs a product against 8.5 µs at
     greedy batch 1, up to 1.27x the graph's CPU time (docs/performance.md,
     "int8 that does not depend on the batch"). An input is

@@ -22,6 +22,13 @@ from keras_transformer.layers.masks import keras_mask, merge_masks
 _NEG_INF = -1e9
 
 
+def padding_bias(padding_mask):
+    """`(B, S)` bool padding mask -> `(B, 1, 1, S)` float32 logit bias of
+    `MultiHeadAttention.call_with_step_key_value`: 0 where True, `-1e9` where False."""
+    mask = ops.cast(padding_mask, "bool")[:, None, None, :]
+    return ops.cast(ops.where(mask, 0.0, _NEG_INF), "float32")
+
+
 class HeadDense(keras.layers.EinsumDense):
     """`EinsumDense` that splits `(B, T, D) -> (B, T, N, H)` or merges heads back.
 
@@ -514,6 +521,68 @@ class MultiHeadAttention(keras.layers.Layer):
             mask = ops.logical_and(mask, ops.cast(padding_mask, "bool")[:, None, :])
         output = self._attend(query_heads, cache_key, cache_value, mask, training=False)
         return output, (cache_key, cache_value)
+
+    # Incremental decoding in the step layout: heads first and keys already
+    # transposed, `key (B, N, H, S)` and `value (B, N, S, H_v)`, so that a step
+    # multiplies its query by the cache as stored (two batched matrix products
+    # per attention, no copy of the cache: `call_with_cache`'s einsums
+    # transpose it at every step) and appends to it along an axis of its own.
+
+    def compute_step_key_value(self, value, key=None):
+        """`compute_key_value` in the step layout of `call_with_step_cache`.
+
+        Returns:
+            `(key (B, N, H, S), value (B, N, S, H_v))`.
+        """
+        key, value = self.compute_key_value(value, key)  # (B, S, N, H), (B, S, N, H_v)
+        return ops.transpose(key, (0, 2, 3, 1)), ops.transpose(value, (0, 2, 1, 3))
+
+    def call_with_step_cache(self, query, cache_key, cache_value):
+        """Self-attention for one decoding step against a cache of the earlier steps.
+
+        The cache holds exactly the `t` steps decoded so far (`t` may be 0),
+        in the step layout; the new step's key and value are appended and the
+        query attends to all `t + 1` (no mask: nothing later is in the cache).
+        Equals `call_with_cache` at `cache_index = t`. Inference only.
+
+        Args:
+            query: `(B, 1, D)`, the newest step.
+            cache_key: `(B, N, H, t)`; cache_value: `(B, N, t, H_v)`.
+
+        Returns:
+            `(output (B, 1, D_out), (cache_key (B, N, H, t + 1), cache_value (B, N, t + 1, H_v)))`.
+        """
+        key, value = self.compute_step_key_value(query)  # (B, N, H, 1), (B, N, 1, H_v)
+        cache_key = ops.concatenate([cache_key, key], axis=3)
+        cache_value = ops.concatenate([cache_value, value], axis=2)
+        output = self.call_with_step_key_value(query, cache_key, cache_value)
+        return output, (cache_key, cache_value)
+
+    def call_with_step_key_value(self, query, key, value, bias=None):
+        """`query (B, T, D)` attends to keys and values from `compute_step_key_value`.
+
+        Args:
+            query: `(B, T, D)`.
+            key: `(B, N, H, S)`; value: `(B, N, S, H_v)`.
+            bias: optional `(B, 1, 1, S)` float32 added to the attention
+                logits: `padding_bias(padding_mask)`, 0 for a real key and
+                a large negative number for padding (the softmax then gives
+                padding exactly 0, as the mask of `call` does).
+
+        Returns:
+            `(B, T, D_out)`. Inference only: no attention dropout.
+        """
+        heads = ops.transpose(self.query_dense(query), (0, 2, 1, 3))  # (B, N, T, H)
+        heads = heads * ops.cast(1.0 / math.sqrt(self.key_dim), heads.dtype)  # T*H, not T*S
+        logits = ops.cast(ops.matmul(heads, key), "float32")  # (B, N, T, S)
+        if bias is not None:
+            logits = logits + bias
+        if logits.shape[-1] == 1:  # one key (eager, the first step): softmax is 1, Keras warns
+            scores = ops.cast(ops.ones_like(logits), value.dtype)
+        else:
+            scores = ops.cast(ops.softmax(logits, axis=-1), value.dtype)  # (B, N, T, S)
+        context = ops.matmul(scores, value)  # (B, N, T, H_v)
+        return self.output_dense(ops.transpose(context, (0, 2, 1, 3)))  # (B, T, D_out)
 
     def call_with_key_value(self, query, key, value, padding_mask=None, training=None):
         """Attention over keys and values projected beforehand by `compute_key_value`.

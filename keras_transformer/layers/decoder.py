@@ -184,6 +184,15 @@ class DecoderLayer(TransformerBlock):
         self._check_encoder_outputs(encoder_outputs)
         return self.cross_attention.compute_key_value(encoder_outputs)
 
+    def compute_step_cross_key_value(self, encoder_outputs):
+        """`compute_cross_key_value` in the step layout of `call_with_step_cache`.
+
+        Returns:
+            `(cross_key (B, N, H, S), cross_value (B, N, S, H))`.
+        """
+        key, value = self.compute_cross_key_value(encoder_outputs)  # (B, S, N, H) each
+        return keras.ops.transpose(key, (0, 2, 3, 1)), keras.ops.transpose(value, (0, 2, 1, 3))
+
     def call_with_cache(
         self,
         inputs,
@@ -211,10 +220,52 @@ class DecoderLayer(TransformerBlock):
             cache with this step written in (the cross-attention keys and
             values never change).
         """
+        return self._step(
+            inputs,
+            lambda h: self.self_attention.call_with_cache(h, self_key, self_value, cache_index),
+            cross_key,
+            lambda h: self.cross_attention.call_with_key_value(
+                h, cross_key, cross_value, padding_mask=encoder_padding_mask
+            ),
+        )
+
+    def call_with_step_cache(
+        self, inputs, self_key, self_value, cross_key=None, cross_value=None, encoder_bias=None
+    ):
+        """`call_with_cache` with caches in the step layout (inference only).
+
+        The self-attention cache holds exactly the steps decoded so far and
+        grows by one (`MultiHeadAttention.call_with_step_cache`); no step
+        copies or transposes a cache, so a loop whose state may change shape
+        (the SavedModel's and translate.onnx's) runs this one.
+
+        Args:
+            inputs: `(B, 1, D)` embedding of the newest target token.
+            self_key: `(B, N, H, t)`; self_value: `(B, N, t, H)`.
+            cross_key, cross_value: `(B / K, N, H, S)`, `(B / K, N, S, H)`
+                from `compute_step_cross_key_value`, shared as in
+                `call_with_cache`; None for a decoder-only layer.
+            encoder_bias: `(B / K, 1, 1, S)` float32,
+                `attention.padding_bias(encoder_padding_mask)`.
+
+        Returns:
+            `(outputs (B, 1, D), (self_key, self_value))`, the cache one step longer.
+        """
+        return self._step(
+            inputs,
+            lambda h: self.self_attention.call_with_step_cache(h, self_key, self_value),
+            cross_key,
+            lambda h: self.cross_attention.call_with_step_key_value(
+                h, cross_key, cross_value, bias=encoder_bias
+            ),
+        )
+
+    def _step(self, inputs, attend_self, cross_key, attend_cross):
+        """The sublayers of one decoding step around the two attention calls given."""
         self._check_encoder_outputs(cross_key)
         inputs = keras.ops.convert_to_tensor(inputs)  # the residual adds it to a tensor
         h = self._sublayer_input(inputs, self.self_attention_norm)
-        h, self_cache = self.self_attention.call_with_cache(h, self_key, self_value, cache_index)
+        h, self_cache = attend_self(h)
         x = self._add_residual(inputs, h, self.self_attention_norm, False)  # (B, 1, D)
         if self.has_cross_attention:
             h = self._sublayer_input(x, self.cross_attention_norm)  # (B*K, 1, D)
@@ -226,9 +277,7 @@ class DecoderLayer(TransformerBlock):
             else:  # no -1 in the shape: it is undefined for an empty batch
                 group = rows // keras.ops.maximum(sentences, 1)
             h = keras.ops.reshape(h, (sentences, group, self.d_model))  # (B, K, D)
-            h = self.cross_attention.call_with_key_value(
-                h, cross_key, cross_value, padding_mask=encoder_padding_mask
-            )
+            h = attend_cross(h)
             h = keras.ops.reshape(h, (-1, 1, self.d_model))  # (B*K, 1, D)
             x = self._add_residual(x, h, self.cross_attention_norm, False)  # (B*K, 1, D)
         h = self.feed_forward(self._sublayer_input(x, self.feed_forward_norm))
