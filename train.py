@@ -35,7 +35,8 @@ def _hardware():
 
 
 def _check_early(args):
-    """The mistakes found without TensorFlow: a preset name, a missing folder or file."""
+    """The mistakes found without TensorFlow: a preset name, a missing folder or file,
+    a malformed glossary."""
     from keras_transformer.config import PRESETS
 
     if args.preset is not None and args.preset not in PRESETS:
@@ -50,6 +51,10 @@ def _check_early(args):
         for folder, _ in TrainingConfig(data_dir=args.data_dir, mix=args.mix).mixture:
             if not os.path.isdir(folder):
                 raise NotADirectoryError(f"--mix {folder} is not a directory.")
+    if args.terminology is not None:
+        from keras_transformer.terminology import load_glossary
+
+        load_glossary(args.terminology)  # a malformed line is named before anything loads
     if args.init_from is not None:
         from keras_transformer import workdir
 

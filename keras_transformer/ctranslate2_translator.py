@@ -25,7 +25,7 @@ import json
 import logging
 import os
 
-from keras_transformer import frontend
+from keras_transformer import frontend, terminology
 from keras_transformer.search import SearchConfig, output_limit
 
 logger = logging.getLogger(__name__)
@@ -178,11 +178,18 @@ class CTranslate2Translator:
         return outputs
 
     def translate(self, sentences, progress=False, beam_size=None, alpha=None,
-                  max_extra_length=None, exact_limits=True, num_hypotheses=None):  # fmt: skip
+                  max_extra_length=None, exact_limits=True, num_hypotheses=None,
+                  glossary=None):  # fmt: skip
         """A list of strings (or UTF-8 bytes) -> a list of translations, in order;
         with `num_hypotheses=N`, a list of N `(translation, score)` per sentence,
-        best first (`translate_pieces`; a blank sentence: N times `("", 0.0)`)."""
+        best first (`translate_pieces`; a blank sentence: N times `("", 0.0)`).
+        `glossary`: terms and their translations, annotated in the text before
+        tokenizing (`Translator.translate`'s argument; `terminology.annotate`)."""
         texts = frontend.check_sentences(sentences, "CTranslate2Translator", accept_bytes=True)
+        if glossary is not None:
+            tags = self.processor.encode(list(terminology.TAGS))
+            terminology.check_tags(terminology.tokenizer_has_tags(tags), "CTranslate2Translator")
+            texts = terminology.annotate_all(texts, glossary)
         search = self.search.replace(
             beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length
         ).to_dict()

@@ -22,7 +22,7 @@ import sys
 
 import numpy as np
 
-from keras_transformer import frontend
+from keras_transformer import frontend, terminology
 from keras_transformer.search import SearchConfig
 
 GRAPH = "translate.onnx"
@@ -94,6 +94,7 @@ class OnnxTranslator:
                 )
             path = os.path.join(export_dir, int8["graph"])
         self.precision = precision
+        self.vocabulary = os.path.join(export_dir, "vocab.model")  # where the glossary tags are
         self.config = config["model"]
         self.beam_sizes = tuple(config["translate"]["beam_sizes"])
         self.defaults = dict(config["translate"]["defaults"])
@@ -165,7 +166,7 @@ class OnnxTranslator:
         return [t.decode("utf-8") if isinstance(t, bytes) else str(t) for t in translations]
 
     def translate(self, sentences, progress=False, beam_size=None, alpha=None,
-                  max_extra_length=None):  # fmt: skip
+                  max_extra_length=None, glossary=None):  # fmt: skip
         """A list of strings -> a list of translations, in the same order.
 
         Args:
@@ -173,8 +174,14 @@ class OnnxTranslator:
             progress: bool. Show a progress bar (tqdm, on stderr).
             beam_size, alpha, max_extra_length: this call's search settings
                 (None: the translator's).
+            glossary: None, or terms and their translations (`Translator.translate`'s
+                argument): annotated in the text here, before the graph
+                (`terminology.annotate`).
         """
         texts = frontend.check_sentences(sentences, "OnnxTranslator", accept_bytes=True)
+        if glossary is not None:
+            terminology.check_tags(terminology.file_has_tags(self.vocabulary), "OnnxTranslator")
+            texts = terminology.annotate_all(texts, glossary)
         settings = dict(beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length)
         self._feeds(**settings)  # fail before any batch runs
         # Blank sentences translate to "" (the graph agrees) without taking a batch slot.

@@ -43,6 +43,9 @@ def build(config, machine, inputs, calibrated, fitted, evaluated, wall_seconds):
         "samples": evaluated.samples,
         "init_from": fitted.init_from,
         "run": fitted.progress,
+        # --terminology: the glossary (path, digest, entries), the rate, the seed, the
+        # tags, and the training pairs and terms annotated; None without one.
+        "terminology": inputs.terminology,
     }
 
 

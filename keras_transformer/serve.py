@@ -21,14 +21,16 @@ against it unchanged (https://www.tensorflow.org/tfx/serving/api_rest):
     GET  /                               a page to type a sentence into
 
 Extra request fields, this server's own: `"beam_size"` (one the export
-has), `"alpha"`, and with `--engine ctranslate2` `"num_hypotheses": N`
+has), `"alpha"`, with `--engine ctranslate2` `"num_hypotheses": N`
 (<= the beam), which makes each prediction `{"translations": [N best],
 "scores": [N scores]}` (CTranslate2's; translate.onnx returns the best
-hypothesis only). Errors come as TF Serving's, `{"error": "..."}` with
-status 400 (404 for another model name), one line naming the problem;
-503 with `Retry-After` when the queue is full (`--max-queue`) or when the
-worker translating the request died;
-504 at `--timeout`.
+hypothesis only), and `"glossary": {"source term": "target term", ...}`
+(a model trained with `--terminology`: the terms are annotated in the
+sentences, `keras_transformer.terminology`, before they are queued).
+Errors come as TF Serving's, `{"error": "..."}` with status 400 (404 for
+another model name), one line naming the problem; 503 with `Retry-After`
+when the queue is full (`--max-queue`) or when the worker translating the
+request died; 504 at `--timeout`.
 
 `--workers` processes translate batches side by side, each with its own
 translator and `--threads` (`serving_workers`); one queue, bounded in
@@ -130,6 +132,31 @@ def _settings(body, beam_sizes, default_beam, n_best=False):
     return settings
 
 
+def _glossary(body, has_tags):
+    """The request's `"glossary"` (this server's own field: `{"source term": "target
+    term", ...}` or `[["source term", "target term"], ...]`) as a `Glossary`, or None."""
+    from keras_transformer.terminology import Glossary
+
+    value = body.get("glossary")
+    if value is None:
+        return None
+    if not isinstance(value, (dict, list)):
+        raise BadRequest(
+            'glossary must be an object {"source term": "target term"} or a list of '
+            f"[source term, target term] pairs; got {type(value).__name__}."
+        )
+    try:
+        glossary = Glossary.from_value(value)
+    except (TypeError, ValueError) as e:
+        raise BadRequest(str(e)) from None
+    if len(glossary) and not has_tags:
+        raise BadRequest(
+            "This model cannot take a glossary: it was trained without --terminology "
+            "(its vocabulary has no glossary tags)."
+        )
+    return glossary
+
+
 def make_app(model_name, server, limits, engine, metrics, access_log=True):
     """The Starlette application over a `serving_workers.ModelServer` (`build_app`
     makes both from the command line's arguments)."""
@@ -173,6 +200,7 @@ def make_app(model_name, server, limits, engine, metrics, access_log=True):
                        "threads": config.threads, "device": config.device,
                        "runtime": info.get("runtime"), "beam_sizes": info.get("beam_sizes"),
                        "default_beam_size": info.get("default_beam"), "limits": limits,
+                       "glossary": info.get("glossary"),
                        "batches": server.batches,
                        "worker_processes": [w.describe() for w in server.workers]},
         })  # fmt: skip
@@ -207,8 +235,13 @@ def make_app(model_name, server, limits, engine, metrics, access_log=True):
             settings = _settings(
                 body, info["beam_sizes"], info["default_beam"], engine == "ctranslate2"
             )
+            glossary = _glossary(body, info.get("glossary", False))
         except BadRequest as e:
             return error(str(e))
+        if glossary is not None:  # in the text, here: requests batch whatever their glossary
+            from keras_transformer.terminology import annotate_all
+
+            sentences = annotate_all(sentences, glossary)
         request.state.log = {"sentences": len(sentences), "version": str(server.version)}
         try:
             queued = server.queue.put(sentences, settings, limits["timeout_seconds"])

@@ -16,6 +16,8 @@ import os
 import signal
 from collections.abc import Callable
 
+from keras_transformer import terminology
+
 ENGINES = ("onnx", "ctranslate2")
 # --precision per engine: the ONNX export's two graphs; CTranslate2's compute types.
 PRECISIONS = {
@@ -66,12 +68,15 @@ class LoadedTranslator:
         default_beam: the export's beam size.
         runtime: what the runtime reports it runs (compute type, threads,
             providers), shown in `/metadata`.
+        glossary: whether its vocabulary holds the glossary tags (a model trained
+            with `--terminology`), so that a request may carry a glossary.
     """
 
     translate: Callable
     beam_sizes: tuple
     default_beam: int
     runtime: dict
+    glossary: bool = False
 
 
 def check_engine(config):
@@ -132,6 +137,8 @@ def load_engine(version_dir, config):
             "intra_threads": config.threads,
         }
         beam_sizes = CTRANSLATE2_BEAM_SIZES
+        tags = translator.processor.encode(list(terminology.TAGS))
+        glossary = terminology.tokenizer_has_tags(tags)
     else:
         from keras_transformer.onnx_translator import OnnxTranslator
 
@@ -149,11 +156,12 @@ def load_engine(version_dir, config):
             "intra_op_num_threads": options.intra_op_num_threads,
         }
         beam_sizes = tuple(translator.beam_sizes)
+        glossary = terminology.file_has_tags(translator.vocabulary)
 
     def translate(sentences, settings):
         return translator.translate(sentences, **settings)
 
-    return LoadedTranslator(translate, beam_sizes, translator.search.beam_size, runtime)
+    return LoadedTranslator(translate, beam_sizes, translator.search.beam_size, runtime, glossary)
 
 
 # ----------------------------------------------------------------- in the worker process
@@ -174,6 +182,7 @@ def worker_load(version_dir, config):
         "beam_sizes": list(_LOADED.beam_sizes),
         "default_beam": _LOADED.default_beam,
         "runtime": _LOADED.runtime,
+        "glossary": _LOADED.glossary,
     }
 
 

@@ -3,6 +3,7 @@
     python -m keras_transformer.translate --work-dir runs/small < source.txt
     keras-transformer-translate --work-dir runs/small --input source.txt --beam-size 4
     keras-transformer-translate --work-dir runs/small --input mono.en --sampling-topk 0 --seed 1
+    keras-transformer-translate --work-dir runs/small --input source.txt --glossary terms.tsv
 
 Reads `<work_dir>/model.keras` and `<work_dir>/vocab.model` (written by
 `python train.py`), one sentence per line from `--input` or stdin, and
@@ -77,6 +78,13 @@ def parse_args(argv=None):
         help="one prefix per input line (an empty line: none)",
     )
     parser.add_argument(
+        "--glossary",
+        metavar="FILE",
+        help="'source term<TAB>target term' per line: each term found in a sentence is "
+        "followed by its translation between tags, which a model trained with "
+        "train.py --terminology copies into its output",
+    )
+    parser.add_argument(
         "--sampling-topk",
         type=int,
         default=1,
@@ -113,6 +121,11 @@ def _main(args):
         from keras_transformer import visualize
 
         visualize.check_matplotlib()  # before loading the model
+    glossary = None
+    if args.glossary is not None:  # a malformed line is named before the model loads
+        from keras_transformer.terminology import load_glossary
+
+        glossary = load_glossary(args.glossary)
     from keras_transformer.translator import Translator
 
     model, tokenizer = load(args.work_dir)
@@ -147,15 +160,17 @@ def _main(args):
             )
     options = dict(
         target_prefix=prefix, sampling_topk=args.sampling_topk,
-        sampling_temperature=args.sampling_temperature, seed=args.seed,
+        sampling_temperature=args.sampling_temperature, seed=args.seed, glossary=glossary,
     )  # fmt: skip
     for translation in translator.translate(lines, progress=progress, **options):
         sys.stdout.write(translation + "\n")
     sys.stdout.flush()
     if args.plot_attention:
+        from keras_transformer.terminology import annotate_all
+
         paths = visualize.plot_translation_attention(
             translator,
-            [line for line in lines if line.strip()],
+            annotate_all([line for line in lines if line.strip()], glossary),
             args.plot_attention,
             layer=args.attention_layer,
             head=args.attention_head,

@@ -5,7 +5,7 @@ import logging
 import keras
 import numpy as np
 
-from keras_transformer import frontend
+from keras_transformer import frontend, terminology
 from keras_transformer.decoding import compile_translate_ids
 from keras_transformer.sampling import sampler
 from keras_transformer.search import PAPER
@@ -197,6 +197,7 @@ class Translator:
     def translate(
         self, sentences, progress=False, num_hypotheses=None, return_scores=False,
         target_prefix=None, sampling_topk=1, sampling_temperature=1.0, seed=None,
+        glossary=None,
     ):  # fmt: skip
         """A list of strings -> a list of translations, in the same order.
 
@@ -220,12 +221,20 @@ class Translator:
             sampling_temperature: float > 0: the logits are divided by it.
             seed: int, the draws of `sampling_topk`: the same sentences and
                 seed give the same outputs, in any batch; None draws a seed.
+            glossary: None, or terms and their required translations (a dict
+                `{source: target}`, `(source, target)` pairs, a tab-separated
+                file's path or a `terminology.Glossary`): each term found in a
+                sentence is followed by its translation between tags
+                (`terminology.annotate`), which a model trained with
+                `--terminology` copies into its output (a soft constraint).
 
         Returns:
             list of str; with `num_hypotheses`, a list of lists of N; with
             `return_scores`, `(translation, score)` tuples in their place.
             A blank sentence gives "" (N times) with score 0.0.
         """
+        if glossary is not None:
+            sentences = self._annotated(sentences, glossary)
         sampling = None
         if sampling_topk != 1:
             if num_hypotheses is not None or return_scores:
@@ -260,6 +269,14 @@ class Translator:
             entry = list(zip(texts, scores, strict=True)) if return_scores else texts
             results.append(entry if num_hypotheses is not None else entry[0])
         return results
+
+    def _annotated(self, sentences, glossary):
+        """`sentences` with `glossary`'s terms annotated (`terminology.annotate_all`),
+        once the vocabulary is known to hold the tags."""
+        sentences = frontend.check_sentences(sentences, "Translator")
+        tags = _as_lists(self.tokenizer.tokenize(list(terminology.TAGS)))
+        terminology.check_tags(terminology.tokenizer_has_tags(tags), "Translator")
+        return terminology.annotate_all(sentences, glossary)
 
     def _prefix_ids(self, target_prefix, count):
         """`target_prefix` as a list of piece-id lists (None: no prefix)."""

@@ -25,7 +25,8 @@ logger = logging.getLogger(__name__)
 BYTE_FALLBACK_MIN_VOCAB_SIZE = 1000
 
 
-def train_vocabulary(train_pairs, path, vocab_size, max_sentences=300_000, byte_fallback=None):
+def train_vocabulary(train_pairs, path, vocab_size, max_sentences=300_000, byte_fallback=None,
+                     user_defined_symbols=()):  # fmt: skip
     """Trains a BPE SentencePiece model on both sides of `train_pairs`, written to `path`.
 
     Reserves pad_id=0, unk_id=1, bos_id=2, eos_id=3 (the `TransformerConfig`
@@ -47,6 +48,10 @@ def train_vocabulary(train_pairs, path, vocab_size, max_sentences=300_000, byte_
         max_sentences: int. Trains on the first this many lines (source and
             target count separately): BPE merges converge long before the
             Ding dictionary's 750k lines, and training takes minutes on 2 cores.
+        user_defined_symbols: strings kept as one piece each wherever they occur
+            (SentencePiece's option; the model file records them): the glossary
+            tags of `--terminology` (`terminology.TAGS`). They count towards
+            `vocab_size` and take the ids after the four special ones.
         byte_fallback: bool, or None for `vocab_size >=
             BYTE_FALLBACK_MIN_VOCAB_SIZE`: the 256 byte pieces do not fit in the
             tests' 64-piece vocabularies, and cost too many merges in small ones.
@@ -67,6 +72,7 @@ def train_vocabulary(train_pairs, path, vocab_size, max_sentences=300_000, byte_
                 bos_id=2,
                 eos_id=3,
                 byte_fallback=byte_fallback,
+                user_defined_symbols=list(user_defined_symbols),
                 minloglevel=1,  # warnings and errors only: its INFO log is a page per run
             )
     except RuntimeError as error:
@@ -155,11 +161,22 @@ def _lines(pairs, count):
             yield line.encode("utf-8")
 
 
-def get_tokenizer(path, train_pairs, vocab_size):
-    """Loads `path`, training it first if it does not exist; checks its size."""
+def get_tokenizer(path, train_pairs, vocab_size, user_defined_symbols=()):
+    """Loads `path`, training it first if it does not exist; checks its size and
+    that each of `user_defined_symbols` is one piece of it."""
     if not os.path.exists(path):
-        train_vocabulary(train_pairs, path, vocab_size)
+        train_vocabulary(train_pairs, path, vocab_size, user_defined_symbols=user_defined_symbols)
     tokenizer = load_tokenizer(path)
+    missing = [
+        symbol for symbol in user_defined_symbols
+        if tokenizer.processor.piece_to_id(symbol) == tokenizer.processor.unk_id()
+    ]  # fmt: skip
+    if missing:
+        raise ValueError(
+            f"{path} was trained without the pieces {', '.join(missing)} (the glossary tags "
+            "of --terminology); train in a new --work-dir (or --overwrite), or without "
+            "--terminology."
+        )
     pieces = tokenizer.vocabulary_size()
     if pieces != vocab_size:
         raise ValueError(

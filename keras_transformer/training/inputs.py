@@ -16,7 +16,7 @@ import os
 import shutil
 import time
 
-from keras_transformer import workdir
+from keras_transformer import terminology, workdir
 from keras_transformer.data import (
     Batches,
     InputTimer,
@@ -44,6 +44,7 @@ class Inputs:
     batch_stats: dict  # `data.plan_statistics` of the first pass over the training pairs
     input_timer: InputTimer
     tokenize_seconds: float
+    terminology: dict | None = None  # the glossary's settings and counts (run.json)
 
 
 def prepare_inputs(config, machine, work, finished=None):
@@ -59,6 +60,7 @@ def prepare_inputs(config, machine, work, finished=None):
         `Inputs`; None with `--prepare-only` (the corpus, vocabulary and shards are
         written, no batch is planned).
     """
+    glossary = _glossary(config)
     data, train_pairs, write_corpus = _corpus(config, work)
     model_config, picked = make_model_config(
         config, data.info["counts"]["train"], data.info["name"], finished
@@ -71,10 +73,13 @@ def prepare_inputs(config, machine, work, finished=None):
     if machine.is_chief:  # before anything is written there
         workdir.claim(work.path, _corpus_identity(data, model_config))
     write_corpus()
-    tokenizer = _vocabulary(work, train_pairs, model_config, finished)
+    tokenizer = _vocabulary(work, train_pairs, model_config, finished, glossary is not None)
     start = time.time()
-    tokenized, reused = _tokenized(config, work, data, train_pairs, tokenizer, model_config)
+    tokenized, reused = _tokenized(
+        config, work, data, train_pairs, tokenizer, model_config, glossary
+    )
     tokenize_seconds = time.time() - start
+    glossary_record = _terminology_record(glossary, tokenized["train"], tokenizer)
     _report(data, tokenized["train"], tokenizer, work, machine.is_chief)
     if config.prepare_only:  # no batches planned: preparing stays bounded in memory
         logger.info(
@@ -112,8 +117,35 @@ def prepare_inputs(config, machine, work, finished=None):
     validation = Batches(tokenized["validation"], training=False, **common)
     return Inputs(
         data, model_config, tokenizer, train, make_dataset(train), make_dataset(validation),
-        stats, input_timer, tokenize_seconds,
+        stats, input_timer, tokenize_seconds, glossary_record,
     )  # fmt: skip
+
+
+def _glossary(config):
+    """`(glossary, settings)` of `--terminology` (its settings are what run.json
+    records and what names the tokenized pairs), or None."""
+    if config.terminology is None:
+        return None
+    glossary = terminology.load_glossary(config.terminology)
+    settings = terminology.settings(
+        config.terminology, glossary, config.terminology_rate, config.seed
+    )
+    return glossary, settings
+
+
+def _terminology_record(glossary, train, tokenizer):
+    """run.json's `terminology`: the glossary's settings, and how many training
+    pairs and terms carry the tags, counted in the tokenized pairs trained on."""
+    if glossary is None:
+        return None
+    import numpy as np
+
+    tag = tokenizer.processor.piece_to_id(terminology.SRC_TERM_START)
+    positions = np.flatnonzero(np.asarray(train.source) == tag)
+    pairs = np.unique(np.searchsorted(train.source_offsets, positions, side="right") - 1)
+    _, settings = glossary
+    return dict(settings, annotated_pairs=int(pairs.size), annotated_terms=int(positions.size),
+                train_pairs=len(train))  # fmt: skip
 
 
 def _corpus(config, work):
@@ -219,22 +251,33 @@ def _text_is_gone(folder):
     return train_pairs
 
 
-def _tokenized(config, work, data, train_pairs, tokenizer, model_config):
+def _tokenized(config, work, data, train_pairs, tokenizer, model_config, glossary=None):
     """`(tokenized, reused)` (`data.shards.tokenized_splits`) of the training pairs,
-    full sentences repeated, and the validation pairs; named by the corpus's digests."""
+    full sentences repeated and, with a glossary, annotated (`terminology`), and the
+    validation pairs (never annotated); named by the corpus's digests and the
+    glossary's settings."""
+
     # The vocabulary is the corpus's; repeated sentences only weigh the batches.
-    splits = {
-        "train": lambda: repeat_sentences(train_pairs(), config.sentence_repeats),
-        "validation": data.splits["validation"],
+    def train():
+        pairs = repeat_sentences(train_pairs(), config.sentence_repeats)
+        if glossary is None:
+            return pairs
+        return terminology.annotate_training_pairs(
+            pairs, glossary[0], config.terminology_rate, config.seed
+        )
+
+    splits = {"train": train, "validation": data.splits["validation"]}
+    identity = {
+        "train": data.info["sha256"]["train"],
+        "validation": data.info["sha256"]["validation"],
+        "sentence_repeats": config.sentence_repeats,
     }
+    if glossary is not None:
+        # Its content, not where it lies: a glossary moved elsewhere names the same pairs.
+        identity["terminology"] = {k: v for k, v in glossary[1].items() if k != "path"}
     return shards.tokenized_splits(
         work.data, splits, tokenizer, model_config.max_length, model_config.eos_id,
-        workers=config.workers,
-        pairs_identity={
-            "train": data.info["sha256"]["train"],
-            "validation": data.info["sha256"]["validation"],
-            "sentence_repeats": config.sentence_repeats,
-        },
+        workers=config.workers, pairs_identity=identity,
     )  # fmt: skip
 
 
@@ -249,8 +292,9 @@ def _corpus_identity(data, model_config):
     }
 
 
-def _vocabulary(work, train_pairs, model_config, finished):
-    """The shared vocabulary: trained on the corpus, or `--init-from`'s, copied once."""
+def _vocabulary(work, train_pairs, model_config, finished, tags=False):
+    """The shared vocabulary: trained on the corpus, or `--init-from`'s, copied once;
+    with `tags`, the glossary tags of `--terminology` are pieces of it."""
     if finished is not None:
         source = finished.work.vocabulary
         if not os.path.exists(work.vocabulary):
@@ -264,4 +308,5 @@ def _vocabulary(work, train_pairs, model_config, finished):
                     )
         logger.info("Vocabulary and weights of %s", finished.work.path)
     pairs = () if os.path.exists(work.vocabulary) else train_pairs()
-    return get_tokenizer(work.vocabulary, pairs, model_config.vocab_size)
+    symbols = terminology.TAGS if tags else ()
+    return get_tokenizer(work.vocabulary, pairs, model_config.vocab_size, symbols)

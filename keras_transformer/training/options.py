@@ -18,6 +18,7 @@ import dataclasses
 import types
 
 from keras_transformer.search import PAPER, STOPPING_RULES
+from keras_transformer.terminology import RATE, TGT_TERM_END, TGT_TERM_START
 from keras_transformer.training.presets import (
     COMMON_DEFAULTS,
     SMALL_CORPUS_DROPOUT,
@@ -97,6 +98,17 @@ class TrainingConfig:
         help="full-sentence training pairs (capitalized, 3+ words, ending in . ! ?) this many "
         "times per pass over the data (1: once)"
     )
+    terminology: str | None = _option(
+        help="a glossary, one 'source term<TAB>target term' per line: training pairs whose "
+        "source holds a term and whose target its translation get the translation inline, "
+        f"{TGT_TERM_START} ... {TGT_TERM_END} (Eole's terminology transform), so that a "
+        "glossary given at translation time (--glossary) steers the output; the tags join "
+        "the vocabulary", metavar="FILE",
+    )  # fmt: skip
+    terminology_rate: float = _option(
+        RATE, help="share of the training pairs that match --terminology annotated (Eole's "
+        "term_corpus_ratio), chosen per pair from --seed", metavar="RATE",
+    )  # fmt: skip
 
     # How long and how.
     epochs: int | None = _option(help="epochs")
@@ -276,6 +288,11 @@ class TrainingConfig:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name} must be >= 0. Received: {name}={value!r}")
+        if not 0.0 <= self.terminology_rate <= 1.0:
+            raise ValueError(
+                "terminology_rate must be in [0, 1]. "
+                f"Received: terminology_rate={self.terminology_rate}"
+            )
         if self.learning_rate_scale is not None and self.learning_rate_scale <= 0:
             raise ValueError(
                 f"learning_rate_scale must be > 0. Received: "
