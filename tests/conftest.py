@@ -30,7 +30,15 @@ if keras.backend.backend() == "tensorflow":
 
 # Put on a subprocess's PYTHONPATH by tests/test_without_tensorflow.py; imported
 # here (as --doctest-modules would), it would hide TensorFlow from this process.
-collect_ignore = ["without_tensorflow"]
+# site/: the sitecustomize.py that test_mixing.py and tests/mutations.py put there.
+collect_ignore = ["without_tensorflow", "site"]
+
+
+def pytest_configure(config):
+    # A test's child processes are killed when pytest-timeout stops it (timeout_cleanup.py).
+    import timeout_cleanup
+
+    timeout_cleanup.register(config)
 
 
 @pytest.fixture(autouse=True)
@@ -42,31 +50,33 @@ def _seed():
 
 # `make test` installs every extra (KERAS_TRANSFORMER_REQUIRE_EXTRAS=1): there a test
 # skipped because a package is missing or broken (`pytest.importorskip`'s "could not
-# import", or "is not installed") is a failure, so a broken wheel cannot pass as a skip.
-# Skips that say a test cannot apply (another backend, no second device) stay skips.
+# import", or "is not installed") is a failure, so a broken wheel cannot pass as a skip;
+# so is a skip for the two logical CPU devices this file sets up under TensorFlow
+# (test_distribution.py): their absence is a broken set-up, not another machine.
+# Skips that say a test cannot apply (another backend) stay skips.
 REQUIRE_EXTRAS = os.environ.get("KERAS_TRANSFORMER_REQUIRE_EXTRAS") == "1"
-_MISSING = ("could not import", "is not installed")
+_NOT_A_SKIP = ("could not import", "is not installed", "needs the two logical CPU devices")
 
 
-def _missing_package(report):
+def _fails_under_make_test(report):
     if not (REQUIRE_EXTRAS and report.skipped):
         return False
     longrepr = report.longrepr
     reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
-    return any(words in reason for words in _MISSING)
+    return any(words in reason for words in _NOT_A_SKIP)
 
 
 def _fail(report):
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
     report.outcome = "failed"
-    report.longrepr = f"make test installs every extra, but: {reason}"
+    report.longrepr = f"make test installs every extra and splits the CPU in two, but: {reason}"
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if _missing_package(report):
+    if _fails_under_make_test(report):
         _fail(report)
 
 
@@ -74,5 +84,5 @@ def pytest_runtest_makereport(item, call):
 def pytest_make_collect_report(collector):
     outcome = yield
     report = outcome.get_result()
-    if _missing_package(report):
+    if _fails_under_make_test(report):
         _fail(report)

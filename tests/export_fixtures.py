@@ -20,6 +20,10 @@ WORDS = (
     "brot milch kind frau mann schule strasse fenster tisch stuhl"
 ).split()
 VOCAB_SIZE = 400  # 4 special + 256 byte pieces + the letters + merges to whole words
+# The fixture seeds itself before it builds and trains: module-scoped fixtures are set
+# up before conftest's per-test seed, so without it the weights (and the floors tests
+# measured on them) would depend on which tests ran first.
+SEED = 1234
 _CACHE = {}
 
 # Input every translation path must take: blank, over-long, non-ASCII, emoji, CJK, control
@@ -82,11 +86,14 @@ def _fit_copy_task(model, processor, steps):
 
 
 def make_work_dir(path, steps=96):
-    """Writes vocab.model, model.keras and run.json of a tiny trained model to `path`."""
+    """Writes vocab.model, model.keras and run.json of a tiny trained model to `path`:
+    the same model whatever ran before (it seeds itself, `SEED`)."""
+    import keras
     import sentencepiece as spm
 
     from keras_transformer import Transformer
 
+    keras.utils.set_random_seed(SEED)  # Python's, numpy's and the backend's generators
     os.makedirs(path, exist_ok=True)
     _train_vocab(os.path.join(path, "vocab.model"))
     processor = spm.SentencePieceProcessor(model_file=os.path.join(path, "vocab.model"))

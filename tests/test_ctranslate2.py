@@ -97,22 +97,61 @@ def test_bad_input_follows_the_front_end_contract(translator):
         translator.translate(["haus"], beam_size=0)
 
 
+INT8_SENTENCES = held_out_sentences(100, seed=17)
+
+
+def _greedy_with_scores(translator):
+    """`(outputs, scores)` of greedy search on INT8_SENTENCES."""
+    n_best = translator.translate(INT8_SENTENCES, beam_size=1, num_hypotheses=1)
+    return [n[0][0] for n in n_best], [n[0][1] for n in n_best]
+
+
+def _scores_moved(scores, float32_scores):
+    """How many scores differ from float32's: rounded weights move every score."""
+    return sum(abs(a - b) > 1e-5 for a, b in zip(scores, float32_scores, strict=True))
+
+
 def test_int8_translates_as_float32_does_on_most_sentences(export):
-    """int8 weights change some logits a little: most outputs are float32's, and the
-    rest stay close (chrF against float32's outputs). The bounds are this fixture's
-    own measure less a margin (2026-11-26, Zen 5: 94% agree, chrF 98.3)."""
+    """int8 is in use: CTranslate2 reports it (on a CPU int8_float32: int8 weights and
+    matrix products, the rest float32) and its scores are not float32's. Its outputs
+    stay close: most are float32's, and the rest close (chrF against float32's
+    outputs). The bounds are this fixture's own measure less a margin (2026-11-26,
+    Zen 5: 94% agree, chrF 98.3)."""
     import sacrebleu
 
     from keras_transformer import CTranslate2Translator
 
-    sentences = held_out_sentences(100, seed=17)
-    float32 = CTranslate2Translator.load(export[1]).translate(sentences, beam_size=1)
+    float32 = CTranslate2Translator.load(export[1])
     int8 = CTranslate2Translator.load(export[1], compute_type="int8")
-    outputs = int8.translate(sentences, beam_size=1)
-    assert len(set(float32)) > 50  # the fixture's outputs are sentences, not one string
-    agree = sum(a == b for a, b in zip(outputs, float32, strict=True)) / len(sentences)
+    assert float32.translator.compute_type == "float32"
+    assert int8.translator.compute_type == "int8_float32"
+    expected, expected_scores = _greedy_with_scores(float32)
+    outputs, scores = _greedy_with_scores(int8)
+    assert _scores_moved(scores, expected_scores) >= 50
+    assert len(set(expected)) > 50  # the fixture's outputs are sentences, not one string
+    agree = sum(a == b for a, b in zip(outputs, expected, strict=True)) / len(INT8_SENTENCES)
     assert agree >= 0.8, agree
-    assert sacrebleu.corpus_chrf(outputs, [float32]).score >= 90.0
+    assert sacrebleu.corpus_chrf(outputs, [expected]).score >= 90.0
+
+
+def test_the_int8_checks_fail_when_compute_type_is_ignored(export, monkeypatch):
+    """The mutation the checks above are for: a translator that drops `compute_type`
+    (float32 weights served as "int8") agrees with float32 on every sentence, which the
+    old test accepted; its reported compute type and its scores both give it away."""
+    import ctranslate2
+
+    from keras_transformer import CTranslate2Translator
+
+    float32 = CTranslate2Translator.load(export[1])
+    original = ctranslate2.Translator
+    monkeypatch.setattr(
+        ctranslate2, "Translator",
+        lambda *args, compute_type=None, **kwargs: original(*args, **kwargs),
+    )  # fmt: skip
+    ignored = CTranslate2Translator.load(export[1], compute_type="int8")
+    assert ignored.translator.compute_type != "int8_float32"
+    outputs, scores = _greedy_with_scores(ignored)
+    assert _scores_moved(scores, _greedy_with_scores(float32)[1]) < 50
 
 
 def test_a_sentence_translates_the_same_alone_and_in_a_batch_of_64(export):

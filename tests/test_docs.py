@@ -5,7 +5,9 @@ Python blocks run one per fresh interpreter (an ONNX Runtime block must not
 share a process with TensorFlow), in a folder where `work/` is a tiny trained
 work directory and `saved_models/` its exports (`export_fixtures.exported`),
 so a snippet that names the default run's outputs runs on a tiny model. A
-block that cannot run says why on the line before it:
+block that calls `.fit(` runs with `keras.Model.fit` checked (`FIT_CHECK`): every
+loss and metric of its history must be finite, so an example that trains to NaN
+fails. A block that cannot run says why on the line before it:
 
     <!-- docs-test: skip (needs your own tf.data datasets) -->
 
@@ -122,17 +124,61 @@ def playground(tmp_path_factory):
     return folder
 
 
+# Run before a block that calls `.fit(` (only there: importing Keras imports TensorFlow,
+# which an ONNX Runtime block must not share a process with), then the block itself.
+FIT_CHECK = """
+import math, sys, keras
+
+_fit = keras.Model.fit
+
+
+def _checked_fit(self, *args, **kwargs):
+    history = _fit(self, *args, **kwargs)
+    for name, values in history.history.items():
+        bad = [v for v in values if not math.isfinite(float(v))]
+        assert not bad, f"model.fit's {name} is not finite: {values}"
+    return history
+
+
+keras.Model.fit = _checked_fit
+exec(compile(sys.argv.pop(1), "<docs block>", "exec"))  # in __main__, as `python -c` runs it
+"""
+
+
+def run_block(code, cwd):
+    """Runs a docs block in a fresh interpreter in `cwd`; its `CompletedProcess`."""
+    env = dict(os.environ, PYTHONPATH=ROOT, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
+    args = ["-c", FIT_CHECK, code] if ".fit(" in code else ["-c", code]
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("page, line, code, reason", _blocks())
 def test_python_block_runs(page, line, code, reason, playground):
     if reason:
         pytest.skip(f"{page}:{line} says: {reason}")
-    env = dict(os.environ, PYTHONPATH=ROOT, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
-    completed = subprocess.run(
-        [sys.executable, "-c", code], cwd=playground, env=env, capture_output=True, text=True,
-        timeout=600,
-    )  # fmt: skip
+    completed = run_block(code, playground)
     assert completed.returncode == 0, f"{page}:{line}\n{code}\n{completed.stderr[-3000:]}"
+
+
+@pytest.mark.slow
+def test_a_block_whose_fit_trains_to_nan_fails(tmp_path):
+    """The mutation the fit check is for: a `model.fit` example whose loss is NaN
+    exits 0 by itself (the old test passed it); checked, it fails."""
+    block = (
+        "import keras, numpy as np\n"
+        "x = np.full((8, 2), np.nan, 'float32')\n"
+        "model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])\n"
+        "model.compile(optimizer='sgd', loss='mse')\n"
+        "history = model.fit(x, np.ones((8, 1)), epochs=1, verbose=0)\n"
+        "print('trained, loss', history.history['loss'])\n"
+    )
+    completed = run_block(block, tmp_path)
+    assert "trained, loss" not in completed.stdout, completed.stdout
+    assert completed.returncode != 0, completed.stderr[-2000:]
+    assert "model.fit's loss is not finite: [nan]" in completed.stderr, completed.stderr[-2000:]
 
 
 def test_the_option_reference_is_what_the_parsers_generate():

@@ -14,14 +14,19 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
+from ports import HeldPort
 from translation_fixtures import write_parallel_folder
 
 pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TWO_DEVICES = "--xla_force_host_platform_device_count=2"
+# One deadline for all the processes of a test, inside pytest-timeout's 1,200 s: the
+# test fails and kills them itself, and nothing is left running when it ends.
+BUDGET_SECONDS = 1100
 
 SAME_WEIGHTS = r"""
 import sys
@@ -73,11 +78,11 @@ assert worst < 1e-5, worst
 """
 
 
-def _run(args, cwd=ROOT):
+def _run(args, cwd=ROOT, timeout=900):
     env = dict(os.environ, KERAS_BACKEND="jax", XLA_FLAGS=TWO_DEVICES, PYTHONUNBUFFERED="1")
     env.pop("TF_CONFIG", None)
     return subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=900
+        [sys.executable, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout
     )
 
 
@@ -104,14 +109,6 @@ def test_train_py_over_two_jax_devices(tmp_path):
     assert "over 2 device(s)" in info["training"]["distribution"]
     losses = info["history"]["loss"]
     assert losses[-1] < losses[0], losses
-
-
-def _free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _h5_arrays(path):
@@ -141,38 +138,45 @@ def test_two_jax_processes_train_the_weights_of_one_process_over_two_devices(tmp
         "--validation-bleu-every", "0", "--test-samples", "4", "--beam-size", "2",
         "--no-export", "--data-dir", str(corpus),
     ]  # fmt: skip
-    one = _run(args + ["--work-dir", str(tmp_path / "one")])
+    deadline = time.time() + BUDGET_SECONDS
+    one = _run(args + ["--work-dir", str(tmp_path / "one")], timeout=BUDGET_SECONDS)
     assert one.returncode == 0, (one.stdout + one.stderr)[-4000:]
 
     work = tmp_path / "two"
-    address = f"127.0.0.1:{_free_port()}"
+    held = HeldPort()  # the coordinator's port, held until both processes end (ports.py)
+    address = f"127.0.0.1:{held.port}"
     processes = []
-    for index in range(2):
-        env = dict(
-            os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
-            OMP_NUM_THREADS="1", KERAS_DISTRIBUTION_JOB_ADDRESSES=address,
-            KERAS_DISTRIBUTION_NUM_PROCESSES="2", KERAS_DISTRIBUTION_PROCESS_ID=str(index),
-        )  # fmt: skip
-        env.pop("TF_CONFIG", None)
-        env.pop("XLA_FLAGS", None)
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, *args, "--work-dir", str(work)],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
+    try:
+        for index in range(2):
+            env = dict(
+                os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
+                OMP_NUM_THREADS="1", KERAS_DISTRIBUTION_JOB_ADDRESSES=address,
+                KERAS_DISTRIBUTION_NUM_PROCESSES="2", KERAS_DISTRIBUTION_PROCESS_ID=str(index),
             )  # fmt: skip
-        )
-    outputs = []
-    for process in processes:
-        try:
-            outputs.append(process.communicate(timeout=600)[0])
-        except subprocess.TimeoutExpired:
-            for p in processes:
-                p.kill()
-            pytest.fail("two JAX processes did not finish in time")
+            env.pop("TF_CONFIG", None)
+            env.pop("XLA_FLAGS", None)
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, *args, "--work-dir", str(work)],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )  # fmt: skip
+            )
+        outputs = []
+        for process in processes:
+            try:
+                outputs.append(process.communicate(timeout=max(1, deadline - time.time()))[0])
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"two JAX processes did not finish in {BUDGET_SECONDS} s")
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        held.close()
     for process, output in zip(processes, outputs, strict=True):
         assert process.returncode == 0, output[-4000:]
 

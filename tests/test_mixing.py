@@ -15,6 +15,7 @@ from keras_transformer.data import Batches, binarize
 from keras_transformer.data.planning import mixture_indices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SITE = os.path.join(ROOT, "tests", "site")  # its sitecustomize.py records training's batches
 
 
 def test_a_pass_draws_each_corpus_its_weights_share_repeating_the_small_one_evenly():
@@ -35,8 +36,8 @@ def test_a_pass_draws_each_corpus_its_weights_share_repeating_the_small_one_even
         mixture_indices(parts, (1.0, 0.0), np.random.default_rng(0))
 
 
-def _prepare(work, *args):
-    env = dict(os.environ, KERAS_BACKEND="jax", PYTHONUNBUFFERED="1")
+def _prepare(work, *args, **environment):
+    env = dict(os.environ, KERAS_BACKEND="jax", PYTHONUNBUFFERED="1", **environment)
     env.pop("TF_CONFIG", None)
     command = [
         sys.executable, os.path.join(ROOT, "train.py"), "--preset", "tiny", "--vocab-size", "64",
@@ -86,11 +87,21 @@ def test_prepared_mixed_corpora_train_in_proportion_to_their_weights(tmp_path, p
         assert times.min() >= 7 and times.max() <= 10, (times.min(), times.max())
     if pack:  # and the run trains from them (the passes planned in the planning process)
         args = ["--data-dir", str(main), "--mix", f"{other}=0.25", "--epochs", "1"]
+        read = tmp_path / "batches.jsonl"  # the pairs of each batch training assembled
+        path = os.pathsep.join(filter(None, [SITE, os.environ.get("PYTHONPATH")]))
         result = _prepare(work, *args, "--steps", "3", "--no-test", "--no-export",
-                          "--validation-bleu-every", "0", "--batch-tokens", "512")  # fmt: skip
+                          "--validation-bleu-every", "0", "--batch-tokens", "512",
+                          PYTHONPATH=path, KT_TEST_RECORD_BATCHES=str(read))  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
         record = json.loads((work / "run.json").read_text())
         assert [m["share"] for m in record["data"]["mixture"]] == [0.8, 0.2]
+        # What training read: the in-domain share of its pairs is the weights' (without
+        # them, 300 of 3,300 pairs: 9%; tests/mutations.py mix_ignores_weights).
+        batches = [json.loads(line) for line in read.read_text().splitlines()]
+        assert len(batches) >= 3, len(batches)  # the 3 steps' batches at least
+        pairs = np.concatenate(batches)
+        share = np.mean(pairs < 300)
+        assert abs(share - 0.8) < 0.1, (share, len(pairs))
 
 
 def test_mix_entries_are_checked_before_anything_loads(tmp_path):

@@ -153,8 +153,10 @@ def test_with_ema_the_saved_model_is_the_moving_average_or_the_better_candidate(
     """`--ema 0.5` with one step per epoch: each epoch's checkpoint is one step's raw
     weights, so the moving average is computable by hand (Keras: the first step's
     weights, then `m * average + (1 - m) * weights`). model.keras, what the exports
-    read, is the candidate the validation loss chose: the average, or (a run too short
-    for it) the last checkpoint's raw weights."""
+    read, is the candidate with the lower validation loss, both losses computed here
+    from the hand-made weights: the average, or (a run too short for it) the last
+    checkpoint's raw weights. `tests/mutations.py ema_keeps_the_worse` shows that a
+    run keeping the other candidate fails."""
     import keras
 
     from keras_transformer import workdir
@@ -176,19 +178,24 @@ def test_with_ema_the_saved_model_is_the_moving_average_or_the_better_candidate(
     average = steps[0]
     for weights in steps[1:]:
         average = [0.5 * a + 0.5 * w for a, w in zip(average, weights, strict=True)]
-    saved = keras.saving.load_model(str(work / "model.keras")).get_weights()
-    expected = average if chosen == 1 else steps[-1]
-    for a, b in zip(saved, expected, strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-6)
-    # Candidate 1 was the hand-made average: its validation loss is the one recorded.
+    # The moving average is not the last weights (the checks can tell them apart).
+    assert any(not np.allclose(a, w) for a, w in zip(average, steps[-1], strict=True))
+    # Each candidate's validation loss, from the hand-made weights: the recorded ones.
     from keras_transformer.data import Batches, binarize
     from keras_transformer.evaluation import validation_loss
 
     split = binarize.load(str(work / "data" / "validation"))
     batches = Batches(split, max_length=model.config.max_length, batch_tokens=256,
-                      training=False, pack=True)  # fmt: skip
-    model.set_weights(average)
-    loss = validation_loss(model, batches.evaluation(), model.config.pad_id)
-    assert loss == pytest.approx(info["averaging"]["val_loss"]["1"], rel=1e-4)
-    # The moving average is not the last weights (the check can tell them apart).
-    assert any(not np.allclose(a, w) for a, w in zip(average, steps[-1], strict=True))
+                      training=False, pack=True).evaluation()  # fmt: skip
+    candidates = {1: average, "last_checkpoint": steps[-1]}
+    losses = {}
+    for name, weights in candidates.items():
+        model.set_weights(weights)
+        losses[name] = validation_loss(model, batches, model.config.pad_id)
+        assert losses[name] == pytest.approx(info["averaging"]["val_loss"][str(name)], rel=1e-4)
+    # The saved model is the candidate with the lower loss, and run.json names it.
+    better = min(losses, key=losses.get)
+    assert chosen == better, (chosen, losses)
+    saved = keras.saving.load_model(str(work / "model.keras")).get_weights()
+    for a, b in zip(saved, candidates[better], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)

@@ -13,7 +13,6 @@ versions, with a stand-in translator: test_server_faults.py.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ import urllib.request
 
 import pytest
 from export_fixtures import exported, held_out_sentences, onnx_jobs
+from ports import HeldPort
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "export", "serving"))
@@ -35,10 +35,11 @@ SENTENCES = held_out_sentences(24, seed=21)
 pytestmark = pytest.mark.slow
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture
+def port():
+    """A port for a test's own server, held until the test ends (ports.py)."""
+    with HeldPort() as number:
+        yield number
 
 
 @pytest.fixture(scope="module")
@@ -80,11 +81,11 @@ def _metadata(port):
 
 @pytest.fixture(scope="module")
 def server(export):
-    port = _free_port()
-    process = _start(export[1]["onnx"], port, "--max-wait-ms", "50", "--workers", "2")
-    yield port
-    process.send_signal(signal.SIGTERM)
-    process.wait(timeout=30)
+    with HeldPort() as port:
+        process = _start(export[1]["onnx"], port, "--max-wait-ms", "50", "--workers", "2")
+        yield port
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -186,8 +187,7 @@ def test_the_page_works_offline(server):
     assert "http://" not in page and "https://" not in page  # no external fonts or scripts
 
 
-def test_a_request_in_flight_at_shutdown_is_answered(export, expected):
-    port = _free_port()
+def test_a_request_in_flight_at_shutdown_is_answered(export, expected, port):
     process = _start(export[1]["onnx"], port, "--max-wait-ms", "300")
     answer = {}
 
@@ -235,12 +235,11 @@ def test_two_workers_each_load_the_export_and_the_metrics_count_the_requests(ser
     assert after[("keras_transformer_serve_model_version", ())] == 1
 
 
-def test_onnx_int8_with_threads_is_what_the_runtime_reports(export):
+def test_onnx_int8_with_threads_is_what_the_runtime_reports(export, port):
     onnx_dir = export[1]["onnx"]
     jobs = [{"name": "int8", "call": "translate", "sentences": SENTENCES[:6],
              "translator": {"precision": "int8"}}]  # fmt: skip
     reference = onnx_jobs(onnx_dir, jobs)["int8"]["value"]
-    port = _free_port()
     process = _start(onnx_dir, port, "--precision", "int8", "--threads", "2", "--workers", "1")
     try:
         runtime = _metadata(port)["server"]["runtime"]
@@ -251,12 +250,11 @@ def test_onnx_int8_with_threads_is_what_the_runtime_reports(export):
         process.wait(timeout=30)
 
 
-def test_ctranslate2_int8_is_served_as_int8(export):
+def test_ctranslate2_int8_is_served_as_int8(export, port):
     from keras_transformer.ctranslate2_translator import CTranslate2Translator
 
     ct2_dir = export[1]["ctranslate2"]
     int8 = CTranslate2Translator(ct2_dir, compute_type="int8").translate(SENTENCES)
-    port = _free_port()
     process = _start(ct2_dir, port, "--engine", "ctranslate2", "--precision", "int8",
                      "--threads", "2", "--workers", "1")  # fmt: skip
     try:
@@ -323,13 +321,12 @@ def test_a_person_types_sentences_into_the_page_and_sees_the_translations(
     assert not browser.find_element(By.ID, "nbest").is_displayed()
 
 
-def test_the_ctranslate2_engine_gives_the_n_best_with_scores_on_the_page_too(export, browser):
+def test_the_ctranslate2_engine_gives_the_n_best_with_scores_on_the_page_too(export, browser, port):
     from keras_transformer.ctranslate2_translator import CTranslate2Translator
 
     ct2_dir = export[1]["ctranslate2"]
     reference = CTranslate2Translator(ct2_dir).translate(SENTENCES[:4], num_hypotheses=3)
     assert any(len({t for t, _ in n_best}) == 3 for n_best in reference)  # three different
-    port = _free_port()
     process = _start(ct2_dir, port, "--engine", "ctranslate2")
     try:
         assert _metadata(port)["server"]["runtime"]["compute_type"] == "float32"

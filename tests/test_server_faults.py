@@ -26,6 +26,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from ports import HeldPort
 
 from keras_transformer.serving_engines import LoadedTranslator
 
@@ -81,9 +82,8 @@ class Served:
             (self.models / version).mkdir(parents=True, exist_ok=True)
         self.log = tmp_path / "batches.jsonl"
         self.output = tmp_path / "server.log"
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self._held = HeldPort()  # until stop(): ports.py
+        self.port = self._held.port
         env = dict(os.environ, PYTHONUNBUFFERED="1", STAND_IN_LOG=str(self.log),
                    STAND_IN_DELAY=str(delay))  # fmt: skip
         with open(self.output, "w") as out:
@@ -166,6 +166,7 @@ class Served:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             self.process.wait(timeout=60)
+        self._held.close()
 
 
 @pytest.fixture

@@ -61,13 +61,44 @@ def test_saved_model_invalid_utf8_is_replaced(serve):
     assert serve([INVALID_UTF8]) == serve([replaced])
 
 
+# Integers where the signature takes strings: refused before any op runs, with the
+# dtype expected and the one given named (TensorFlow's own message).
+WRONG_TYPE = r"input #0\(zero-based\) was expected to be a string tensor but is a int32 tensor"
+
+
+def _refuses_integers(signature):
+    """`signature(sentences=[1, 2])` raises InvalidArgumentError naming the two dtypes."""
+    import tensorflow as tf
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match=WRONG_TYPE):
+        signature(sentences=tf.constant([1, 2]))
+
+
 def test_saved_model_wrong_input_type_is_a_clear_error(serve):
     import tensorflow as tf
 
-    with pytest.raises((TypeError, ValueError, tf.errors.InvalidArgumentError)):
-        serve.signatures["serving_default"](sentences=tf.constant([1, 2]))
+    for name in ("serving_default", "translate_greedy"):
+        _refuses_integers(serve.signatures[name])
     with pytest.raises(tf.errors.InvalidArgumentError, match="indices"):
         serve.signatures["greedy_ids"](source_ids=tf.constant([[5, 10**6, 3]]))
+
+
+def test_the_wrong_type_check_fails_on_another_error():
+    """The mutations the check is for (the old one took any TypeError, ValueError or
+    InvalidArgumentError, whatever it said): an op failing inside the graph on the
+    integers, and a Python error before it."""
+    import tensorflow as tf
+
+    def fails_inside(sentences):
+        raise tf.errors.InvalidArgumentError(None, None, "StringSplit: input must be a string")
+
+    def python_error(sentences):
+        raise TypeError("Cannot convert [1, 2] to EagerTensor of dtype string")
+
+    with pytest.raises(AssertionError, match="Regex pattern did not match"):
+        _refuses_integers(fails_inside)
+    with pytest.raises(TypeError):
+        _refuses_integers(python_error)
 
 
 def test_saved_model_refuses_a_wrong_rank(serve):

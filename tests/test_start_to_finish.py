@@ -1,19 +1,22 @@
 """docs/start_to_finish.md runs: every command of its bash blocks, in order, in a
 fresh folder holding `my_corpus/` (a tiny number corpus), with `train.py` given a
 tiny model and budget. A command that fails, or whose output is not what the page
-says it makes, fails the test."""
+says it makes, fails the test: the server's answer, to curl and to client_rest.py, is
+the ONNX export's own translation (`OnnxTranslator`), not the sentence sent
+(`tests/mutations.py server_echoes`)."""
 
 import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
 import pytest
+from export_fixtures import onnx_jobs
+from ports import HeldPort
 from translation_fixtures import number_pairs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,20 +46,20 @@ def _write(folder, split, pairs):
         (folder / f"{split}.{language}").write_text(text, encoding="utf-8")
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture
+def port():
+    """The server's port, held until the test ends (ports.py)."""
+    with HeldPort() as number:
+        yield str(number)
 
 
-def test_every_command_of_the_start_to_finish_page_runs(tmp_path):
+def test_every_command_of_the_start_to_finish_page_runs(tmp_path, port):
     corpus = tmp_path / "my_corpus"
     corpus.mkdir()
     for split, count, seed in (("train", 600, 1), ("valid", 30, 2), ("test", 20, 3)):
         _write(corpus, split, number_pairs(count, seed=seed))
     os.symlink(os.path.join(ROOT, "train.py"), tmp_path / "train.py")
     os.symlink(os.path.join(ROOT, "export"), tmp_path / "export")
-    port = str(_free_port())
     bin_dir = os.path.dirname(sys.executable)
     env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], PYTHONUNBUFFERED="1")
     env.update(KERAS_BACKEND="tensorflow")
@@ -102,6 +105,11 @@ def test_every_command_of_the_start_to_finish_page_runs(tmp_path):
     (translation,) = served["predictions"]
     client = next(out for cmd, out in outputs.items() if "client_rest.py" in cmd)
     assert client.strip() == f"haus katze\n  -> {translation}"
+    # Both are the served export's translation, which is not the sentence itself.
+    onnx = str(tmp_path / "saved_models/mine/onnx/1")
+    job = {"name": "haus katze", "call": "translate", "sentences": ["haus katze"]}
+    assert onnx_jobs(onnx, [job])["haus katze"] == {"value": [translation]}
+    assert translation.strip() and translation != "haus katze", translation
 
 
 def _wait_for(port, process):

@@ -3,13 +3,13 @@
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
+from ports import HeldPort
 from translation_fixtures import write_parallel_folder
 
 from keras_transformer import training, workdir
@@ -148,16 +148,6 @@ def test_killed_run_resumes_from_backup_without_repeating_epochs(corpus, tmp_pat
     assert info["metrics"]["optimizer_steps"] == 120
 
 
-def _free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def _h5_arrays(path):
     import h5py
 
@@ -172,10 +162,19 @@ def _h5_arrays(path):
     return arrays
 
 
-def test_multi_worker_mirrored_strategy_with_two_local_workers(corpus, tmp_path):
+@pytest.fixture
+def held_ports():
+    """Two ports for the workers' gRPC servers, held until the test ends (ports.py)."""
+    held = [HeldPort(), HeldPort()]
+    yield [h.port for h in held]
+    for h in held:
+        h.close()
+
+
+def test_multi_worker_mirrored_strategy_with_two_local_workers(corpus, tmp_path, held_ports):
     """Two worker processes on loopback train 3 synchronous steps through `model.fit`."""
     work_dir = tmp_path / "work"
-    cluster = {"worker": [f"127.0.0.1:{port}" for port in _free_ports(2)]}
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in held_ports]}
     command = _train_command(corpus, work_dir, epochs=1, steps=3)
     command += ["--validation-bleu-samples", "0", "--test-samples", "1"]  # argparse: last wins
     processes = []

@@ -68,6 +68,25 @@ def test_weights_are_the_decoders_and_leave_its_logits_unchanged(model):
     )
 
 
+def _cells(figure, path, shape):
+    """The PNG's colour at the centre of each heat-map cell: `(T, S, 3)` RGB in [0, 1].
+    The cells are found in `figure` (the one saved, or one laid out the same)."""
+    image = matplotlib_image.imread(str(path))[..., :3]  # (H, W, 3), top row first
+    box = figure.axes[0].get_window_extent()  # in pixels, origin at the bottom left
+    rows, columns = shape
+    xs = box.x0 + (np.arange(columns) + 0.5) * box.width / columns
+    ys = box.y1 - (np.arange(rows) + 0.5) * box.height / rows  # row 0 at the top
+    return image[(image.shape[0] - ys).astype(int)[:, None], xs.astype(int)[None, :]]
+
+
+def _shows(figure, path, weights):
+    """Whether the PNG's cells have the colours of `weights` (viridis, 0 to 1)."""
+    import matplotlib
+
+    expected = matplotlib.colormaps["viridis"](np.asarray(weights))[..., :3]
+    return np.allclose(_cells(figure, path, np.shape(weights)), expected, atol=0.01)
+
+
 def test_plot_attention_shows_the_weights(tmp_path):
     weights = np.random.dirichlet(np.ones(5), size=3)  # (T=3, S=5), rows sum to 1
     path = tmp_path / "attention.png"
@@ -75,6 +94,14 @@ def test_plot_attention_shows_the_weights(tmp_path):
     np.testing.assert_array_equal(figure.axes[0].images[0].get_array(), weights)
     width, height = figure.get_size_inches() * 50
     assert matplotlib_image.imread(str(path)).shape[:2] == (round(height), round(width))
+    # The pixels show the weights, cell by cell: a blank image or other weights would not.
+    assert _shows(figure, path, weights)
+    assert not _shows(figure, path, weights[::-1])
+    blank = tmp_path / "blank.png"
+    plot_attention(
+        np.zeros_like(weights), list("abcde"), ["x", "y", "</s>"], path=str(blank), dpi=50
+    )
+    assert not _shows(figure, blank, weights)
     with pytest.raises(ValueError, match=r"weights of shape \(3, 5\) do not match 2 output"):
         plot_attention(weights, list("abcde"), ["x", "y"])
 
@@ -102,10 +129,14 @@ def test_plot_translation_attention_writes_one_png_per_sentence(tmp_path, model,
         assert source_pieces[-1] == "</s>"
         assert weights.shape == (len(output_pieces), len(source_pieces))
         np.testing.assert_allclose(weights.sum(axis=-1), 1.0, atol=ATOL)
-        # The PNG is the figure plot_attention draws for these weights, at its size in pixels.
-        expected = plot_attention(weights, source_pieces, output_pieces)
+        # The PNG is the figure plot_attention draws for these weights, at its size in
+        # pixels, and its cells have their colours.
+        layers = model.config.num_layers
+        title = f"cross-attention, decoder layer {layers}/{layers}, head 0"
+        expected = plot_attention(weights, source_pieces, output_pieces, title=title)
         width, height = expected.get_size_inches() * expected.dpi
         assert matplotlib_image.imread(path).shape[:2] == (round(height), round(width))
+        assert _shows(expected, path, weights)
 
 
 @pytest.fixture
@@ -156,7 +187,14 @@ def test_translate_command_plots_attention(tmp_path, work_dir, model, capsys):
     ]
     translator = Translator(model, translate.workdir.load_tokenizer(str(work_dir)), beam_size=1)
     weights, source_pieces, output_pieces = translation_attention(translator, "danke", head=1)
-    expected = plot_attention(weights, source_pieces, output_pieces)
+    layers = model.config.num_layers
+    title = f"cross-attention, decoder layer {layers}/{layers}, head 1"
+    expected = plot_attention(weights, source_pieces, output_pieces, title=title)
     width, height = expected.get_size_inches() * expected.dpi
-    image = matplotlib_image.imread(str(output_dir / "attention_001.png"))
-    assert image.shape[:2] == (round(height), round(width))
+    path = output_dir / "attention_001.png"
+    assert matplotlib_image.imread(str(path)).shape[:2] == (round(height), round(width))
+    # Head 1's weights, cell by cell; another head's, or their mean, would not pass.
+    assert _shows(expected, path, weights)
+    for other in (0, None):
+        other_weights, _, _ = translation_attention(translator, "danke", head=other)
+        assert not _shows(expected, path, other_weights), other
