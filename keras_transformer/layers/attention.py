@@ -22,6 +22,12 @@ from keras_transformer.layers.masks import keras_mask, merge_masks
 _NEG_INF = -1e9
 
 
+def step_layout(key, value):
+    """`(key (B, S, N, H), value (B, S, N, H_v))` -> the step layout of
+    `MultiHeadAttention.call_with_step_cache`: `(key (B, N, H, S), value (B, N, S, H_v))`."""
+    return ops.transpose(key, (0, 2, 3, 1)), ops.transpose(value, (0, 2, 1, 3))
+
+
 def padding_bias(padding_mask):
     """`(B, S)` bool padding mask -> `(B, 1, 1, S)` float32 logit bias of
     `MultiHeadAttention.call_with_step_key_value`: 0 where True, `-1e9` where False."""
@@ -534,8 +540,7 @@ class MultiHeadAttention(keras.layers.Layer):
         Returns:
             `(key (B, N, H, S), value (B, N, S, H_v))`.
         """
-        key, value = self.compute_key_value(value, key)  # (B, S, N, H), (B, S, N, H_v)
-        return ops.transpose(key, (0, 2, 3, 1)), ops.transpose(value, (0, 2, 1, 3))
+        return step_layout(*self.compute_key_value(value, key))
 
     def call_with_step_cache(self, query, cache_key, cache_value):
         """Self-attention for one decoding step against a cache of the earlier steps.

@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_transformer.layers.attention import step_layout
 from keras_transformer.layers.block import TransformerBlock
 from keras_transformer.layers.masks import keras_mask, merge_masks
 
@@ -190,8 +191,7 @@ class DecoderLayer(TransformerBlock):
         Returns:
             `(cross_key (B, N, H, S), cross_value (B, N, S, H))`.
         """
-        key, value = self.compute_cross_key_value(encoder_outputs)  # (B, S, N, H) each
-        return keras.ops.transpose(key, (0, 2, 3, 1)), keras.ops.transpose(value, (0, 2, 1, 3))
+        return step_layout(*self.compute_cross_key_value(encoder_outputs))
 
     def call_with_cache(
         self,
