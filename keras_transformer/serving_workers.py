@@ -35,11 +35,14 @@ import concurrent.futures
 import logging
 import multiprocessing
 import os
+import select
 import signal
+import time
 
 from keras_transformer.serving_engines import worker_load, worker_translate
 
 logger = logging.getLogger("keras_transformer.serve")
+STOP_SECONDS = 5.0  # how long stopping waits for an idle worker to exit before killing it
 
 
 class WorkerLost(RuntimeError):
@@ -158,6 +161,32 @@ class Worker:
                 "version": str(self.version), "batches": self.batches}  # fmt: skip
 
 
+def wait_or_kill(pids, seconds):
+    """Waits up to `seconds` in all for the processes `pids` to exit, then SIGKILLs
+    those still running. Waits on pidfds: nothing is reaped (their executors do that)."""
+    fds = {}
+    for pid in pids:
+        try:
+            fds[pid] = os.pidfd_open(pid)
+        except ProcessLookupError:  # already gone
+            continue
+    deadline = time.monotonic() + seconds
+    try:
+        pending = dict(fds)
+        while pending and (remaining := deadline - time.monotonic()) > 0:
+            exited, _, _ = select.select(list(pending.values()), [], [], remaining)
+            pending = {pid: fd for pid, fd in pending.items() if fd not in exited}
+        for pid in pending:
+            logger.warning("Worker process %d did not exit when stopped: killed.", pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
 class ModelServer:
     """The workers of the served version, the queue they take batches from, and the
     versions' states (TF Serving's `model_version_status`).
@@ -216,14 +245,20 @@ class ModelServer:
             self._spawn(self._poll())
 
     async def stop(self):
-        """After the requests in flight have been answered: stops every worker."""
+        """After the requests in flight have been answered: stops every worker, and
+        waits until each process has exited (killing those still there after
+        `STOP_SECONDS`), so that no worker outlives the server."""
         self._stopping = True
         for task in list(self._tasks):
             task.cancel()
-        for worker in self.workers + self._retiring:
-            if worker.state != "stopped":
-                worker.close(kill=worker.state in ("busy", "loading"))
+        stopping = [w for w in self.workers + self._retiring if w.state != "stopped"]
+        pids = [w.pid for w in stopping if w.pid is not None]
+        for worker in stopping:
+            worker.close(kill=worker.state in ("busy", "loading"))
         self._count_workers()
+        # The executor's own shutdown (`wait=False`) only asks its process to exit; a
+        # server that exits first leaves it running, orphaned, holding its model.
+        await asyncio.get_running_loop().run_in_executor(None, wait_or_kill, pids, STOP_SECONDS)
 
     def _spawn(self, coroutine):
         task = asyncio.create_task(coroutine)
