@@ -50,10 +50,14 @@ train: install corpus
 
 # Every extra is installed here: a test skipped for a missing package fails
 # (tests/conftest.py). The backend of each run is set, never the environment's.
-test: install corpus browser
-	KERAS_TRANSFORMER_REQUIRE_EXTRAS=1 KERAS_BACKEND=tensorflow $(PY) -m pytest $(PYTEST_ARGS)
-	KERAS_TRANSFORMER_REQUIRE_EXTRAS=1 KERAS_BACKEND=jax $(PY) -m pytest -m multibackend $(PYTEST_ARGS)
-	KERAS_TRANSFORMER_REQUIRE_EXTRAS=1 KERAS_BACKEND=torch $(PY) -m pytest -m multibackend $(PYTEST_ARGS)
+# Each run ends with its 25 slowest tests (the time budget: docs/development.md).
+PYTEST := KERAS_TRANSFORMER_REQUIRE_EXTRAS=1 $(PY) -m pytest --durations=25
+test: install corpus browser lint
+	KERAS_BACKEND=tensorflow $(PYTEST) $(PYTEST_ARGS)
+	KERAS_BACKEND=jax $(PYTEST) -m multibackend $(PYTEST_ARGS)
+	KERAS_BACKEND=torch $(PYTEST) -m multibackend $(PYTEST_ARGS)
 
+# ruff from the [dev] extra, with pyproject.toml's rules (not yet `ruff format --check`:
+# files written before it would change).
 lint: install
-	$(VENV)/bin/ruff check keras_transformer tests train.py export benchmarks
+	$(VENV)/bin/ruff check .

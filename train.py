@@ -7,19 +7,19 @@ TensorFlow loads; everything else happens in `keras_transformer.training.run`.
 
 import argparse
 import importlib.util
-import logging
 import os
 import sys
 
 
 def parse_args(argv=None):
-    """The command line: one flag per `TrainingConfig` field (`training.options`), and --debug."""
+    """The command line: one flag per `TrainingConfig` field (`training.options`), --debug
+    and --verbose."""
+    from keras_transformer.command_line import add_debug_flag, add_verbose_flag
     from keras_transformer.training.options import add_arguments
 
     parser = add_arguments(argparse.ArgumentParser(description=__doc__))
-    parser.add_argument(
-        "--debug", action="store_true", help="show the traceback of an error, not one line"
-    )
+    add_debug_flag(parser)
+    add_verbose_flag(parser)
     return parser.parse_args(argv)
 
 
@@ -35,19 +35,19 @@ def _hardware():
 
 
 def _check_early(args):
-    """The mistakes found without TensorFlow: a preset name, a missing folder or file,
-    a malformed glossary."""
+    """The mistakes found without TensorFlow: a preset name, a bad value (`TrainingConfig`'s
+    checks), a missing folder or file, a malformed glossary."""
     from keras_transformer.config import PRESETS
+    from keras_transformer.training.options import TrainingConfig
 
     if args.preset is not None and args.preset not in PRESETS:
         raise ValueError(f"Unknown preset {args.preset!r}; choose one of {', '.join(PRESETS)}.")
+    TrainingConfig(**{k: v for k, v in vars(args).items() if k not in ("debug", "verbose")})
     if args.ding_path is not None and not os.path.isfile(args.ding_path):
         raise FileNotFoundError(f"--ding-path {args.ding_path} is not a file.")
     if args.data_dir is not None and not os.path.isdir(args.data_dir):
         raise NotADirectoryError(f"--data-dir {args.data_dir} is not a directory.")
     if args.mix is not None:
-        from keras_transformer.training.options import TrainingConfig
-
         for folder, _ in TrainingConfig(data_dir=args.data_dir, mix=args.mix).mixture:
             if not os.path.isdir(folder):
                 raise NotADirectoryError(f"--mix {folder} is not a directory.")
@@ -71,16 +71,14 @@ def main(argv=None):
 def _main(args, argv):
     _check_early(args)
     hardware = _hardware()
-    # TensorFlow's C++ log level is read once, when it loads.
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = hardware.tensorflow_log_level()
+    from keras_transformer.command_line import configure_logging
+
+    # Before the re-exec: TensorFlow's C++ log level is an environment variable.
+    configure_logging(args.verbose, "%(asctime)s %(levelname)s %(name)s: %(message)s")
     if argv is None:  # a command line: set the allocator up before TensorFlow loads
         hardware.reexec_with_allocator_env()
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    # Third-party INFO lines and, in a log file, the frames of TFDS's progress
-    # bars (about 30) say nothing the run's own lines do not.
-    hardware.quiet_third_party_loggers()
+    # In a log file, the frames of TFDS's progress bars (about 30) say nothing
+    # the run's own lines do not.
     if not sys.stderr.isatty() and hardware.importable("tensorflow_datasets"):
         import tensorflow_datasets as tfds
 
@@ -88,7 +86,7 @@ def _main(args, argv):
     from keras_transformer.training import run
 
     options = vars(args)
-    del options["debug"]
+    del options["debug"], options["verbose"]
     run(**options)
 
 

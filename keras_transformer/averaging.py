@@ -286,7 +286,7 @@ def average_work_dir(work_dir, last=5, output=None):
 
 
 def parse_args(argv=None):
-    from keras_transformer.command_line import add_debug_flag
+    from keras_transformer.command_line import add_debug_flag, add_verbose_flag
 
     parser = argparse.ArgumentParser(
         prog="keras-transformer-average", description=__doc__.split("\n\n")[0]
@@ -302,6 +302,7 @@ def parse_args(argv=None):
         "keeping the unaveraged one as <work_dir>/model.last.keras)",
     )
     add_debug_flag(parser)
+    add_verbose_flag(parser)
     args = parser.parse_args(argv)
     if args.last <= 0:
         parser.error(f"--last must be a positive integer. Received: --last {args.last}")
@@ -318,6 +319,10 @@ def main(argv=None):
 
 
 def _main(args):
+    from keras_transformer.command_line import configure_logging
+
+    # Warnings only, before TensorFlow loads: the line printed below is the result.
+    configure_logging(args.verbose, "%(levelname)s: %(message)s", level=logging.WARNING)
     result = average_work_dir(args.work_dir, last=args.last, output=args.output)
     names = [os.path.basename(path).removesuffix(".weights.h5") for path in result["checkpoints"]]
     kept = f" (unaveraged model: {result['unaveraged']})" if result["unaveraged"] else ""

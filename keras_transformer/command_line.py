@@ -3,9 +3,13 @@
 A missing file, a wrong preset name or a work directory that is not
 finished is the user's to fix, not a bug: the command prints
 `<prog>: error: <what is wrong>` and exits with status 2, as argparse does
-for a bad flag. `--debug` shows the traceback instead.
+for a bad flag. `--debug` shows the traceback instead. Other libraries'
+INFO logs stay out of a command's output; `--verbose` shows them
+(`configure_logging`).
 """
 
+import logging
+import os
 import sys
 
 # The errors this package raises for a user's mistake (each names the value
@@ -17,6 +21,39 @@ def add_debug_flag(parser):
     parser.add_argument(
         "--debug", action="store_true", help="show the traceback of an error, not one line"
     )
+
+
+def add_verbose_flag(parser):
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also show other libraries' INFO logs (TensorFlow's C++ log, absl, tf2onnx, JAX)",
+    )
+
+
+def configure_logging(verbose, log_format, level=logging.INFO):
+    """A command's log; call it before TensorFlow, JAX or tf2onnx is imported.
+
+    This package's records from `level` up; other libraries' Python loggers
+    from WARNING up, by the root logger's level rather than one by one: TFDS's
+    through absl (six per run), tf2onnx's conversion (about 20 per export),
+    TensorFlow's "Assets written to", JAX's "Unable to initialize backend
+    'tpu'", matplotlib's font cache. TensorFlow's C++ log is set by
+    `TF_CPP_MIN_LOG_LEVEL`, read once when TensorFlow loads:
+    `hardware.tensorflow_log_level()`, unless the environment sets it (its
+    CPU-instruction line at import goes; the oneDNN and CUDA-driver lines that
+    TensorFlow 2.21 writes from static initializers, before it reads the
+    variable, no setting reaches: tests/test_quiet_logs.py). `verbose` leaves
+    both at INFO, this package's records too.
+    """
+    if verbose:
+        level = logging.INFO
+    else:
+        from keras_transformer.hardware import tensorflow_log_level
+
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = tensorflow_log_level()
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format=log_format)
+    logging.getLogger("keras_transformer").setLevel(level)
 
 
 def run_main(prog, debug, body):
@@ -55,7 +92,6 @@ def command_parser(target, root):
     import argparse
     import importlib
     import importlib.util
-    import os
     from unittest import mock
 
     if target.endswith(".py"):
@@ -79,8 +115,6 @@ def command_parser(target, root):
 
 def option_reference(root):
     """docs/options.md: every command's `--help`, generated from its parser (80 columns)."""
-    import os
-
     os.environ["COLUMNS"] = "100"  # argparse wraps to the terminal's width: fixed here
     lines = [
         "# Option reference",
@@ -99,6 +133,4 @@ def option_reference(root):
 
 
 if __name__ == "__main__":
-    import os
-
     sys.stdout.write(option_reference(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

@@ -11,7 +11,11 @@ class TransformerConfig:
     """
 
     vocab_size: int = 37000  # shared source/target BPE vocabulary (Section 5.1)
-    num_layers: int = 6  # N, for both encoder and decoder
+    num_layers: int = 6  # N, for both encoder and decoder unless one of the next two says
+    # A deep encoder with a shallow decoder decodes faster for the same quality
+    # (Kasai et al. 2021, "Deep Encoder, Shallow Decoder"); None: `num_layers`.
+    encoder_layers: int | None = None
+    decoder_layers: int | None = None
     d_model: int = 512  # model width; embeddings are scaled by sqrt(d_model)
     num_heads: int = 8  # h; each head has d_model / h = 64 dims
     d_ff: int = 2048  # inner size of the position-wise feed-forward network
@@ -30,6 +34,14 @@ class TransformerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer. Received: {name}={value!r}")
+        for name in ("encoder_layers", "decoder_layers"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value <= 0):  # fmt: skip
+                raise ValueError(
+                    f"{name} must be a positive integer or None (num_layers). "
+                    f"Received: {name}={value!r}"
+                )
         if self.d_model % self.num_heads:
             raise ValueError(
                 f"d_model={self.d_model} must be divisible by num_heads={self.num_heads}"
@@ -46,6 +58,17 @@ class TransformerConfig:
                 raise ValueError(
                     f"{name}={value} must be a token id in [0, vocab_size={self.vocab_size})"
                 )
+
+    @property
+    def num_encoder_layers(self):
+        """The encoder's layers: `encoder_layers`, or `num_layers` where it is None."""
+        return self.num_layers if self.encoder_layers is None else self.encoder_layers
+
+    @property
+    def num_decoder_layers(self):
+        """The decoder's layers (and the decoding cache's L): `decoder_layers`, or
+        `num_layers` where it is None."""
+        return self.num_layers if self.decoder_layers is None else self.decoder_layers
 
 
 PRESETS = {

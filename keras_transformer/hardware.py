@@ -133,20 +133,6 @@ def tensorflow_log_level():
     return "2" if os.path.exists("/proc/driver/nvidia") else "3"
 
 
-# Python loggers whose INFO lines a command's log does not need: TFDS's (through
-# absl: six per run), tf2onnx's conversion (about 20 per export: opsets, constant
-# folding, optimizer counts) and TensorFlow's ("Assets written to ...").
-QUIET_LOGGERS = ("absl", "tf2onnx", "tensorflow")
-
-
-def quiet_third_party_loggers():
-    """Sets `QUIET_LOGGERS` to WARNING; for command-line entry points (train, export)."""
-    import logging
-
-    for name in QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-
 # Where a training step's memory comes from. TensorFlow allocates and frees
 # its activation and gradient buffers at every step. Left to glibc's malloc,
 # every freed block above its (adaptive) mmap threshold went back to the

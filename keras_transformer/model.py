@@ -30,11 +30,12 @@ class Transformer(keras.Model):
     Source and target share one vocabulary and one embedding matrix, which
     is also the pre-softmax projection (Section 3.4). Embeddings are scaled
     by sqrt(d_model), summed with sinusoidal positions (Section 3.5) and
-    dropped out; then N encoder and N decoder layers (Section 3.1).
+    dropped out; then N encoder and N decoder layers (Section 3.1), or
+    `encoder_layers` and `decoder_layers` of them where those are given.
 
     Args: the fields of `TransformerConfig` (`vocab_size`, `num_layers`,
-        `d_model`, `num_heads`, `d_ff`, `dropout`, `attention_dropout`,
-        `max_length`, `norm_first`, `layer_norm_epsilon`,
+        `encoder_layers`, `decoder_layers`, `d_model`, `num_heads`, `d_ff`,
+        `dropout`, `attention_dropout`, `max_length`, `norm_first`, `layer_norm_epsilon`,
         `use_fused_attention`, `pad_id`, `bos_id`, `eos_id`), plus base
         `keras.Model` arguments (`name`, `dtype`).
 
@@ -71,6 +72,8 @@ class Transformer(keras.Model):
         self,
         vocab_size,
         num_layers=6,
+        encoder_layers=None,
+        decoder_layers=None,
         d_model=512,
         num_heads=8,
         d_ff=2048,
@@ -90,6 +93,8 @@ class Transformer(keras.Model):
         self.config = TransformerConfig(
             vocab_size=vocab_size,
             num_layers=num_layers,
+            encoder_layers=encoder_layers,
+            decoder_layers=decoder_layers,
             d_model=d_model,
             num_heads=num_heads,
             d_ff=d_ff,
@@ -121,10 +126,12 @@ class Transformer(keras.Model):
         self.positional_encoding = PositionalEncoding(dtype=dtype, name="positional_encoding")
         self.embedding_dropout = Dropout(dropout, dtype=dtype, name="embedding_dropout")
         self.encoder_layers = [
-            EncoderLayer(**block, name=f"encoder_layer_{i}") for i in range(num_layers)
+            EncoderLayer(**block, name=f"encoder_layer_{i}")
+            for i in range(self.config.num_encoder_layers)
         ]
         self.decoder_layers = [
-            DecoderLayer(**block, name=f"decoder_layer_{i}") for i in range(num_layers)
+            DecoderLayer(**block, name=f"decoder_layer_{i}")
+            for i in range(self.config.num_decoder_layers)
         ]
         # Pre-LN stacks end with a LayerNorm; post-LN outputs are already normalized.
         self.encoder_norm = (
@@ -314,7 +321,7 @@ class Transformer(keras.Model):
         config = self.config
         self_shape = (
             batch_size,
-            config.num_layers,
+            config.num_decoder_layers,
             max_length,
             config.num_heads,
             config.d_model // config.num_heads,

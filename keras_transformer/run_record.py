@@ -61,6 +61,11 @@ def _training(config, machine, stats, calibrated, fitted):
         "learning_rate_scale": config.learning_rate_scale,
         "cooldown": config.cooldown,
         "sentence_repeats": config.sentence_repeats,
+        "label_smoothing": config.label_smoothing,
+        "vocab_sample_size": config.vocab_sample_size,
+        # BPE-dropout: the merge-drop probability and the sampled copies read in turn.
+        "bpe_dropout": config.bpe_dropout,
+        "bpe_dropout_copies": config.bpe_dropout_copies if config.bpe_dropout else None,
         "dtype_policy": precision.dtype_policy,
         "max_train_minutes": config.max_train_minutes,
         "seed": config.seed,

@@ -32,6 +32,10 @@ another model name), one line naming the problem; 503 with `Retry-After`
 when the queue is full (`--max-queue`) or when the worker translating the
 request died; 504 at `--timeout`.
 
+Once the first version has loaded and the server listens, it prints
+`Serving on http://HOST:PORT` on stdout, its first line there (the access
+log's JSON lines follow); `--port 0` takes a free port, which that line names.
+
 `--workers` processes translate batches side by side, each with its own
 translator and `--threads` (`serving_workers`); one queue, bounded in
 sentences, feeds them (`serving_queue`); a folder of version folders is
@@ -49,7 +53,12 @@ import logging
 import os
 import sys
 
-from keras_transformer.command_line import add_debug_flag, run_main
+from keras_transformer.command_line import (
+    add_debug_flag,
+    add_verbose_flag,
+    configure_logging,
+    run_main,
+)
 from keras_transformer.serving_engines import DEVICES, ENGINES, PRECISIONS, EngineConfig
 
 logger = logging.getLogger("keras_transformer.serve")
@@ -346,7 +355,9 @@ def parse_args(argv=None):
     parser.add_argument("--model-name", default=None,
                         help="the NAME in /v1/models/NAME (default: the export's)")  # fmt: skip
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8501)
+    parser.add_argument("--port", type=int, default=8501,
+                        help="0: a free port, which the line 'Serving on http://HOST:PORT' "
+                        "(stdout, once the model is loaded) names")  # fmt: skip
     parser.add_argument("--max-batch", type=int, default=64, help="sentences per batch")
     parser.add_argument("--max-wait-ms", type=float, default=5.0,
                         help="how long a request waits for others to batch with")  # fmt: skip
@@ -365,6 +376,7 @@ def parse_args(argv=None):
     parser.add_argument("--no-access-log", dest="access_log", action="store_false",
                         help="no JSON line per request on stdout")  # fmt: skip
     add_debug_flag(parser)
+    add_verbose_flag(parser)
     return parser.parse_args(argv)
 
 
@@ -437,10 +449,10 @@ class _JsonLines(logging.Formatter):
                           ensure_ascii=False)  # fmt: skip
 
 
-def _configure_logging():
+def _configure_logging(verbose):
     from keras_transformer.serving_metrics import ACCESS_LOGGER
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    configure_logging(verbose, "%(asctime)s %(levelname)s %(message)s")
     access = logging.getLogger(ACCESS_LOGGER)
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(_JsonLines())
@@ -448,12 +460,28 @@ def _configure_logging():
     access.propagate = False
 
 
+def _announcing_server(uvicorn, config):
+    """A `uvicorn.Server` that prints `Serving on http://HOST:PORT` on stdout once it
+    listens (after the first version has loaded), with the port the OS bound: `--port 0`
+    takes a free one, and a script reads it from this line."""
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets=sockets)
+            if self.started and not self.should_exit:  # should_exit: the model did not load
+                port = self.servers[0].sockets[0].getsockname()[1]
+                host = f"[{config.host}]" if ":" in config.host else config.host
+                print(f"Serving on http://{host}:{port}", flush=True)
+
+    return Server(config)
+
+
 def main(argv=None, factory=None):
     """The command: parses the flags, checks them, serves until SIGTERM or Ctrl-C.
 
     `factory`: a stand-in translator for the workers (tests; see `build_app`)."""
     args = parse_args(argv)
-    _configure_logging()
+    _configure_logging(args.verbose)
     try:
         import uvicorn
     except ImportError:
@@ -471,13 +499,14 @@ def main(argv=None, factory=None):
         "keras-transformer-serve", args.debug, lambda: build_app(args, factory, on_fatal)
     )
     logger.info(
-        "Serving %s (%s, %s) as /v1/models/%s on http://%s:%d; loading",
-        args.export_dir, args.engine, args.precision, name, args.host, args.port,
+        "Loading %s (%s, %s) to serve as /v1/models/%s",
+        args.export_dir, args.engine, args.precision, name,
     )  # fmt: skip
     # uvicorn finishes the requests in flight on SIGINT/SIGTERM, then runs `shutdown`.
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+    config = uvicorn.Config(app, host=args.host, port=args.port,
+                            log_level="info" if args.verbose else "warning",
                             timeout_graceful_shutdown=args.timeout)  # fmt: skip
-    held["server"] = uvicorn.Server(config)
+    held["server"] = _announcing_server(uvicorn, config)
     held["server"].run()
     if fatal:
         raise SystemExit(f"keras-transformer-serve: error: {fatal[0]}")

@@ -152,7 +152,7 @@ def plot_translation_attention(translator, sentences, output_dir, layer=-1, head
     """Writes `output_dir/attention_{i:03d}.png` for each sentence; returns the paths."""
     os.makedirs(output_dir, exist_ok=True)
     paths = []
-    num_layers = translator.config.num_layers
+    num_layers = translator.config.num_decoder_layers
     which = "mean of heads" if head is None else f"head {head}"
     title = f"cross-attention, decoder layer {layer % num_layers + 1}/{num_layers}, {which}"
     for i, sentence in enumerate(sentences):

@@ -214,10 +214,15 @@ def claim(work_dir, corpus):
     def short(value):
         return f"{value[:12]}..." if isinstance(value, str) and len(value) > 40 else value
 
+    # A key on one side only differs too (`--vocab-sample-size` is recorded where it
+    # is not the default); "report" is not identity (`write_corpus_report`).
+    def shown(identity, key):
+        return repr(short(identity[key])) if key in identity else "the default"
+
     differences = [
-        f"{key} {short(recorded.get(key))!r} there, {short(value)!r} here"
-        for key, value in corpus.items()
-        if recorded.get(key) != value
+        f"{key} {shown(recorded, key)} there, {shown(corpus, key)} here"
+        for key in [*corpus, *(k for k in recorded if k not in corpus and k != "report")]
+        if recorded.get(key) != corpus.get(key)
     ]
     trained = [name for name in (MODEL, RUN_RECORD, BACKUP, CHECKPOINTS)
                if os.path.exists(work._join(name))]  # fmt: skip

@@ -84,7 +84,12 @@ EXTERNAL = frozenset({
 # `python -m MODULE` of other projects, likewise.
 EXTERNAL_MODULES = frozenset({"json.tool", "pip", "pytest", "venv"})
 # Flags of other projects named alone in a sentence (`--file_system_poll_wait_seconds`).
-EXTERNAL_FLAGS = frozenset({"--file_system_poll_wait_seconds"})  # tensorflow_model_server
+EXTERNAL_FLAGS = frozenset(
+    {  # tensorflow_model_server
+        "--file_system_poll_wait_seconds",
+        "--tensorflow_intra_op_parallelism",
+    }
+)
 # Words that run the command after them (`sudo apt-get ...`, `until curl ...; do`), and
 # the shell's words that end a loop or a condition.
 PREFIXES = frozenset({"!", "do", "done", "else", "env", "exec", "fi", "if", "nohup", "sudo", "then",
@@ -325,7 +330,7 @@ def _parse_problems(target, arguments, sentence):
     if target == "train.py":
         from keras_transformer.training.options import TrainingConfig
 
-        options = {k: v for k, v in vars(args).items() if k != "debug"}
+        options = {k: v for k, v in vars(args).items() if k not in ("debug", "verbose")}
         try:
             TrainingConfig(**options).resolved()
         except ValueError as error:

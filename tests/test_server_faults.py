@@ -16,6 +16,8 @@ client's parser.
 
 import json
 import os
+import re
+import select
 import signal
 import socket
 import subprocess
@@ -297,6 +299,31 @@ def test_a_worker_killed_under_load_is_replaced_and_no_request_hangs(serve):
     assert victim not in pids and len(pids) == 2 and pids & first_pids
 
 
+def _running(pid):
+    """Whether process `pid` exists and has not exited (a zombie has exited)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            state = next(line for line in f if line.startswith("State:"))
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state.split()[1] not in ("Z", "X")
+
+
+@pytest.mark.parametrize("rounds", [3])
+def test_sigterm_stops_every_worker_before_the_server_exits(serve, rounds):
+    # Each round: two workers serve concurrent requests, then SIGTERM. The executors'
+    # own shutdown only asks a worker to exit; a server that exited first left one
+    # running, orphaned with its model (found after benchmarks/serve_load.py's grid).
+    for _ in range(rounds):
+        server = serve("--workers", "2", "--max-wait-ms", "2", delay=0.02)
+        pids = [w["pid"] for w in server.workers()]
+        answers = _concurrently([lambda k=k, s=server: s.post([f"satz {k}"]) for k in range(12)])
+        assert {status for status, *_ in answers} == {200}
+        server.stop()  # uvicorn re-raises the SIGTERM once it has shut down: -15 is clean
+        assert server.process.returncode in (0, -signal.SIGTERM), server.output.read_text()
+        assert [pid for pid in pids if _running(pid)] == []
+
+
 def test_a_native_crash_in_the_translator_is_an_error_for_its_request_only(serve):
     server = serve("--workers", "1", "--max-wait-ms", "0", "--timeout", "10")
     status, body, headers = server.post(["CRASH"])
@@ -455,6 +482,42 @@ def test_a_new_version_is_served_once_loaded_and_a_broken_one_leaves_it_serving(
 
 
 # ----------------------------------------------------------------------------- flags
+
+
+def test_port_0_takes_a_free_port_and_names_it_on_stdout_once_serving(tmp_path):
+    # No port reserved beforehand: a script reads it from the server's first line on
+    # stdout, which comes once the first version has loaded (1 s here).
+    (tmp_path / "models" / "1").mkdir(parents=True)
+    (tmp_path / "models" / "1" / "load_seconds.txt").write_text("1")
+    with open(tmp_path / "stderr.log", "w") as errors:
+        process = subprocess.Popen(
+            [sys.executable, "-c", SERVE, str(tmp_path / "models"), "--port", "0",
+             "--model-name", NAME, "--workers", "1"],
+            stdout=subprocess.PIPE, stderr=errors, text=True, cwd=ROOT,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )  # fmt: skip
+    try:
+        line, deadline = "", time.time() + 60
+        while not line and time.time() < deadline and process.poll() is None:
+            if select.select([process.stdout], [], [], 0.5)[0]:
+                line = process.stdout.readline()
+        match = re.fullmatch(r"Serving on http://127\.0\.0\.1:(\d+)\n", line)
+        assert match, f"first stdout line {line!r}\n{(tmp_path / 'stderr.log').read_text()}"
+        port = int(match[1])
+        assert port != 0
+        url = f"http://127.0.0.1:{port}/v1/models/{NAME}"
+        with urllib.request.urlopen(url, timeout=10) as response:  # at once: no retry
+            assert json.load(response)["model_version_status"][0]["state"] == "AVAILABLE"
+        request = urllib.request.Request(
+            url + ":predict", data=json.dumps({"instances": ["eins"]}).encode("utf-8"),
+            headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert json.load(response) == {"predictions": ["EINS"]}
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+        process.stdout.close()
 
 
 def _refused(*flags):

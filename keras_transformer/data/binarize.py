@@ -51,14 +51,19 @@ def _load(path):
     _processor = sentencepiece.SentencePieceProcessor(model_file=path)
 
 
-def _tokenize_chunk(pairs, max_length, eos_id):
+def _tokenize_chunk(pairs, max_length, eos_id, sampling=None):
     """One chunk's arrays: what `pipeline.tokenize_split` keeps of it, flat.
 
     One thread per process (SentencePiece's batch `encode` would start one per
     core in each): the processes are the parallelism, `--workers` of them.
+    `sampling`: BPE-dropout's probability alpha: each merge is dropped with it
+    (SentencePiece's `enable_sampling`), drawn from SentencePiece's generator.
     """
-    sources = _processor.encode([s for s, _ in pairs], num_threads=1)
-    targets = _processor.encode([t for _, t in pairs], num_threads=1)
+    options = {"num_threads": 1}
+    if sampling:
+        options.update(enable_sampling=True, alpha=sampling)
+    sources = _processor.encode([s for s, _ in pairs], **options)
+    targets = _processor.encode([t for _, t in pairs], **options)
     keep = [
         i
         for i, (s, t) in enumerate(zip(sources, targets, strict=True))
@@ -89,13 +94,15 @@ def _chunks(pairs, size):
 
 
 def tokenize_to_files(pairs, tokenizer_path, folder, max_length, eos_id=3, workers=None,
-                      chunk_pairs=CHUNK_PAIRS):  # fmt: skip
+                      chunk_pairs=CHUNK_PAIRS, sampling=None):  # fmt: skip
     """Tokenizes an iterable of `(source, target)` strings into the split folder `folder`.
 
     Args:
         pairs: any iterable of pairs (e.g. a `text_files.TrainStream`), read once.
         tokenizer_path: the SentencePiece model file.
         workers: tokenizing processes (None: `default_workers()`; 1: this process).
+        sampling: BPE-dropout's probability (`_tokenize_chunk`; None: none). No seed
+            makes a sample again: SentencePiece 0.2 salts its generator per process.
 
     The split remembers how many pairs of each corpus it kept (`parts`) where
     `pairs` mixes corpora (a `text_files.MixedTrainStream`: `sizes`).
@@ -117,7 +124,7 @@ def tokenize_to_files(pairs, tokenizer_path, folder, max_length, eos_id=3, worke
     kept = None if sizes is None else np.array(sizes, dtype=np.int64)
     try:
         for arrays in _tokenized_chunks(pairs, tokenizer_path, max_length, eos_id, workers,
-                                        chunk_pairs):  # fmt: skip
+                                        chunk_pairs, sampling):  # fmt: skip
             *arrays, dropped = arrays
             for name, array in zip(FILES, arrays, strict=True):
                 array.tofile(files[name])
@@ -147,13 +154,14 @@ def tokenize_to_files(pairs, tokenizer_path, folder, max_length, eos_id=3, worke
     return load(folder)
 
 
-def _tokenized_chunks(pairs, tokenizer_path, max_length, eos_id, workers, chunk_pairs):
+def _tokenized_chunks(pairs, tokenizer_path, max_length, eos_id, workers, chunk_pairs,
+                      sampling=None):  # fmt: skip
     """The arrays of each chunk, in order; at most `2 * workers` chunks in flight."""
     chunks = _chunks(pairs, chunk_pairs)
     if workers == 1:
         _load(tokenizer_path)
         for chunk in chunks:
-            yield _tokenize_chunk(chunk, max_length, eos_id)
+            yield _tokenize_chunk(chunk, max_length, eos_id, sampling)
         return
     import multiprocessing
 
@@ -162,7 +170,8 @@ def _tokenized_chunks(pairs, tokenizer_path, max_length, eos_id, workers, chunk_
     with context.Pool(workers, initializer=_load, initargs=(tokenizer_path,)) as pool:
         pending = collections.deque()
         for chunk in chunks:
-            pending.append(pool.apply_async(_tokenize_chunk, (chunk, max_length, eos_id)))
+            arguments = (chunk, max_length, eos_id, sampling)
+            pending.append(pool.apply_async(_tokenize_chunk, arguments))
             if len(pending) >= 2 * workers:  # back-pressure: the reader waits for the workers
                 yield pending.popleft().get()
         while pending:

@@ -235,6 +235,11 @@ class Batches:
         weights: a weight per corpus of a split that lays several one after
             another (`split.parts`): each training pass draws their pairs in
             proportion (`planning.plan_mixed`); None: every pair once per pass.
+        passes: `TokenizedSplit`s of the same pairs that training passes read in
+            turn, pass p the `p % len(passes)`-th (BPE-dropout's sampled
+            segmentations, `shards.sampled_copies`); None: `split` every pass.
+            `split` stays the one `tokenized` names (what the run's search limits
+            are fitted on: the segmentation translation sees).
     """
 
     def __init__(
@@ -251,6 +256,7 @@ class Batches:
         timer=None,
         boundaries=BUCKET_BOUNDARIES,
         weights=None,
+        passes=None,
     ):
         if not len(split):
             raise ValueError(f"No pair of the split fits in max_length={max_length}.")
@@ -271,20 +277,34 @@ class Batches:
                 plan_batches, batch_tokens=batch_tokens, num_replicas=num_replicas,
                 boundaries=boundaries,
             )  # fmt: skip
-        if weights is not None and training:
-            if split.parts is None or len(split.parts) != len(weights):
-                raise ValueError(
-                    f"{len(weights)} corpus weights for a split of "
-                    f"{'one corpus' if split.parts is None else f'{len(split.parts)} corpora'}."
-                )
-            self._plan = functools.partial(
-                plan_mixed, plan=self._plan, parts=tuple(split.parts), weights=tuple(weights)
-            )
+        self._pass_splits = tuple(passes) if passes and training else (split,)
+        # One plan per split read by the passes: a mixture's parts are each's own.
+        weights = weights if training else None
+        self._plans = tuple(self._mixed(self._plan, s, weights) for s in self._pass_splits)
+        self._plan = self._plans[0]
         self._passes = {}  # pass number -> its plan (training; the last two kept)
         self._ahead = {}  # pass number -> its plan to come, made by `_planner`
         self._planner = None
         self._starts = [0]  # index of the first batch of each planned pass
         self._evaluation = None if training else self._plan(split)
+
+    @staticmethod
+    def _mixed(plan, split, weights):
+        """`plan` drawing the corpora of `split` in proportion to `weights` (None: `plan`)."""
+        if weights is None:
+            return plan
+        if split.parts is None or len(split.parts) != len(weights):
+            raise ValueError(
+                f"{len(weights)} corpus weights for a split of "
+                f"{'one corpus' if split.parts is None else f'{len(split.parts)} corpora'}."
+            )
+        return functools.partial(
+            plan_mixed, plan=plan, parts=tuple(split.parts), weights=tuple(weights)
+        )
+
+    def pass_split(self, number):
+        """The `TokenizedSplit` training pass `number` reads."""
+        return self._pass_splits[number % len(self._pass_splits)]
 
     @property
     def feature_names(self):
@@ -297,14 +317,16 @@ class Batches:
         """Batches of one evaluation pass; None for training (endless)."""
         return None if self.training else len(self._evaluation)
 
-    def assemble(self, planned):
-        """The arrays of one planned batch (as `plan_batches` / `plan_packed_batches` give it)."""
+    def assemble(self, planned, split=None):
+        """The arrays of one planned batch (as `plan_batches` / `plan_packed_batches` give
+        it) of `split` (None: `tokenized`)."""
         start = time.thread_time()
         bos_id, eos_id = self._ids
+        split = self.tokenized if split is None else split
         if self.pack:
-            batch = assemble_packed(self.tokenized, *planned, bos_id=bos_id, eos_id=eos_id)
+            batch = assemble_packed(split, *planned, bos_id=bos_id, eos_id=eos_id)
         else:
-            batch = assemble(self.tokenized, planned, bos_id, eos_id)
+            batch = assemble(split, planned, bos_id, eos_id)
         if self.timer is not None:
             self.timer.seconds += time.thread_time() - start
             self.timer.batches += 1
@@ -327,12 +349,14 @@ class Batches:
                 del self._passes[old]
         if number + 1 not in self._passes and number + 1 not in self._ahead:
             if self._planner is None:
-                self._planner = Planner(self._plan, self.tokenized.planning(), self.seed)
+                lengths = tuple(split.planning() for split in self._pass_splits)
+                self._planner = Planner(self._plans, lengths, self.seed)
             self._ahead[number + 1] = self._planner.submit(number + 1)
         return self._passes[number]
 
     def _plan_pass(self, number):
-        return plan_pass(self._plan, self.tokenized, self.seed, number)
+        k = number % len(self._pass_splits)
+        return plan_pass(self._plans[k], self._pass_splits[k], self.seed, number)
 
     def batch(self, index):
         """Training batch `index` of the endless stream (0, 1, ...)."""
@@ -348,7 +372,8 @@ class Batches:
                 )
             self._starts.append(self._starts[-1] + count)
         number = int(np.searchsorted(self._starts, index, side="right")) - 1
-        return self.assemble(self.training_pass(number)[index - self._starts[number]])
+        planned = self.training_pass(number)[index - self._starts[number]]
+        return self.assemble(planned, self.pass_split(number))
 
     def __iter__(self):
         """Training: the endless stream of batches. Evaluation: one pass."""
@@ -365,7 +390,7 @@ class Batches:
         """`plan_statistics` of the first training pass, from its plan (made once)."""
         if not self.training:
             raise ValueError("statistics() is for batches made with training=True.")
-        return statistics_of_plan(self.tokenized, self.training_pass(0), self.pack)
+        return statistics_of_plan(self.pass_split(0), self.training_pass(0), self.pack)
 
     def evaluation(self):
         """One evaluation pass as a list of batches."""

@@ -327,14 +327,16 @@ def plan_pass(plan, split, seed, number):
     return plan(split, rng=np.random.default_rng([seed, number]), drop_remainder=True)
 
 
-def _planning_process(connection, plan, split):
+def _planning_process(connection, plans, splits):
     """The planning process's loop: `(seed, number)` in, the pass's plan (or the error) out;
-    ends when the training process closes its end or goes."""
+    ends when the training process closes its end or goes. Pass `number` is planned
+    with the `number % len(splits)`-th of `plans` and `splits`."""
     try:
         while True:
             seed, number = connection.recv()
+            k = number % len(splits)
             try:
-                answer = (plan_pass(plan, split, seed, number), None)
+                answer = (plan_pass(plans[k], splits[k], seed, number), None)
             except Exception as error:  # noqa: BLE001 - sent back, raised there
                 answer = (None, error)
             connection.send(answer)
@@ -353,14 +355,17 @@ class Planner:
 
     Args:
         plan: `functools.partial` of `plan_batches` or `plan_packed_batches`,
-            without its split (picklable).
-        lengths: `PlanningLengths` of the split.
+            without its split (picklable); or a tuple of them, one per entry of `lengths`.
+        lengths: `PlanningLengths` of the split; or a tuple of them, read by the
+            passes in turn (pass p: the `p % len(lengths)`-th, BPE-dropout's copies).
         seed: of the shuffling.
     """
 
     def __init__(self, plan, lengths, seed):
         import multiprocessing
 
+        if not isinstance(lengths, tuple):
+            plan, lengths = (plan,), (lengths,)
         context = multiprocessing.get_context("spawn")
         self._connection, child = context.Pipe()
         self._process = context.Process(

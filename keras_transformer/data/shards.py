@@ -6,7 +6,9 @@ besides the training pairs (`write_corpus`: languages, counts, each
 split's digest, the held-out splits' text, to
 `<work_dir>/data/held_out.json`) and tokenizes its training and validation
 pairs with the `sentencepiece` package (`tokenized_splits`, each split's
-flat token arrays to the folder `<work_dir>/data/<split>/`, `data.binarize`); later runs (a resumed
+flat token arrays to the folder `<work_dir>/data/<split>/`, `data.binarize`; with
+BPE-dropout, `sampled_copies` adds sampled segmentations of the training pairs
+in `<work_dir>/data/train_sampled/<k>/`); later runs (a resumed
 or continued run) read both back and never read the corpus's text. Each names what it
 was made from (the corpus's source files and the parser; the vocabulary
 file, the pairs and the settings), and a difference in any of them makes
@@ -18,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 
 from keras_transformer.data.pipeline import tokenize_split
 
@@ -25,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 FORMAT = 2  # 2: a folder of raw token files per split (`data.binarize`), memory-mapped
 CORPUS = "held_out.json"  # a parsed corpus but its training pairs (`write_corpus`)
+SAMPLED = "train_sampled"  # BPE-dropout's segmentations of the training pairs (`sampled_copies`)
 _ARRAYS = ("source", "source_offsets", "target", "target_offsets", "lengths")
 
 
@@ -206,3 +210,61 @@ def tokenized_splits(
             )
     _write_json(manifest_path, expected)
     return tokenized, False
+
+
+def sampled_copies(folder, pairs, tokenizer, max_length, eos_id, alpha, copies, pairs_identity,
+                   workers=None):  # fmt: skip
+    """BPE-dropout's training data: `copies` segmentations of the training pairs, each
+    merge dropped with probability `alpha` (SentencePiece's `enable_sampling`; Provilkov
+    et al. 2020), read from `<folder>/train_sampled/<k>` when made there from the same
+    pairs, vocabulary and settings, else tokenized and written there.
+
+    Training passes read them in turn (`pipeline.Batches`' `passes`); the validation
+    and test pairs, and translation, keep the deterministic segmentation. Each copy
+    costs one tokenization of the training pairs and their size on disk.
+
+    Args:
+        folder: usually `<work_dir>/data`.
+        pairs: a callable that returns the training pairs (any iterable, read once per
+            copy made).
+        tokenizer: a `SentencePieceTokenizer` (its `path` is digested).
+        alpha: the probability with which each merge is dropped, in (0, 1).
+        copies: how many. A copy once written is read back (a resumed or continued
+            run reads the same ones, and more copies add to them); one made again
+            differs, as SentencePiece salts its generator per process
+            (`binarize.tokenize_to_files`' `sampling`).
+        pairs_identity: what names the pairs (JSON-able), as `tokenized_splits`'s.
+
+    Returns:
+        tuple of `TokenizedSplit`, memory-mapped.
+    """
+    from keras_transformer.data import binarize
+
+    root = os.path.join(folder, SAMPLED)
+    expected = {
+        "format": FORMAT,
+        "vocabulary_sha256": digest_file(tokenizer.path),
+        "max_length": max_length,
+        "eos_id": eos_id,
+        "pairs": pairs_identity,
+        "bpe_dropout": alpha,
+    }
+    manifest_path = os.path.join(root, "manifest.json")
+    try:
+        with open(manifest_path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        manifest = None
+    if manifest != expected:  # copies of other pairs or settings: none is kept
+        shutil.rmtree(root, ignore_errors=True)
+        os.makedirs(root)
+        _write_json(manifest_path, expected)
+    splits = []
+    for k in range(copies):
+        path = os.path.join(root, str(k))
+        if not os.path.exists(os.path.join(path, binarize.META)):  # written last, atomically
+            binarize.tokenize_to_files(
+                pairs(), tokenizer.path, path, max_length, eos_id, workers, sampling=alpha
+            )
+        splits.append(binarize.load(path))
+    return tuple(splits)

@@ -161,11 +161,12 @@ def _lines(pairs, count):
             yield line.encode("utf-8")
 
 
-def get_tokenizer(path, train_pairs, vocab_size, user_defined_symbols=()):
-    """Loads `path`, training it first if it does not exist; checks its size and
-    that each of `user_defined_symbols` is one piece of it."""
+def get_tokenizer(path, train_pairs, vocab_size, user_defined_symbols=(), max_sentences=300_000):
+    """Loads `path`, training it first (on the first `max_sentences` lines) if it does
+    not exist; checks its size and that each of `user_defined_symbols` is one piece of it."""
     if not os.path.exists(path):
-        train_vocabulary(train_pairs, path, vocab_size, user_defined_symbols=user_defined_symbols)
+        train_vocabulary(train_pairs, path, vocab_size, max_sentences,
+                         user_defined_symbols=user_defined_symbols)  # fmt: skip
     tokenizer = load_tokenizer(path)
     missing = [
         symbol for symbol in user_defined_symbols

@@ -8,6 +8,7 @@ writes, in TF Serving's layout, with one new integer version per call:
 
     saved_models/transformer/<version>/        SavedModel, text in / text out
     saved_models/transformer/onnx/<version>/   translate.onnx (text in / text out),
+                                               translate_int8.onnx, translate_steered.onnx,
                                                encoder.onnx, decoder_step.onnx,
                                                vocab.model, config.json
     saved_models/transformer/ctranslate2/<version>/  model.bin, shared_vocabulary.json,
@@ -126,15 +127,17 @@ def export_all(
     model, tokenizer, _ = load_work_dir(work_dir)
     vocabulary = workdir.WorkDir(work_dir).vocabulary
     with atomic_directories(paths, overwrite=overwrite) as staging:  # every format or none
-        if "saved_model" in paths:
-            from keras_transformer.export.saved_model import export_saved_model
-
-            export_saved_model(model, tokenizer, staging["saved_model"], **search.to_dict())
+        # ONNX first: tf2onnx's conversion is the export's peak; run first, it does not
+        # sit on what the SavedModel's tracing leaves behind.
         if "onnx" in paths:
             from keras_transformer.export.onnx_graphs import DEFAULT_OPSET, export_onnx
 
             export_onnx(model, vocabulary, staging["onnx"], opset=opset or DEFAULT_OPSET,
                         search=search.to_dict())  # fmt: skip
+        if "saved_model" in paths:
+            from keras_transformer.export.saved_model import export_saved_model
+
+            export_saved_model(model, tokenizer, staging["saved_model"], **search.to_dict())
         if "ctranslate2" in paths:
             from keras_transformer.export.ctranslate2 import export as export_ctranslate2
 
@@ -169,10 +172,13 @@ def export_after_training(work_dir, run_info, output_dir="saved_models", formats
     """What `training.run()` calls at the end: `export_all` with the run's name and search
     (`workdir.search_of`).
 
-    The exporters trace the model with TensorFlow; after training under JAX
-    or torch they run in a `KERAS_BACKEND=tensorflow` subprocess
-    (`python -m keras_transformer.export`). The version is chosen here and
-    passed to it, so the paths written are known without reading its output.
+    The exporters run in a `KERAS_BACKEND=tensorflow` subprocess (`python -m
+    keras_transformer.export`), whatever the training's backend: they trace
+    the model with TensorFlow, and their memory (tf2onnx's conversion) is
+    then their own, given back when they end, instead of adding to what the
+    training process holds. The version is chosen here and passed to it, so
+    the paths written are known without reading its output; its log goes to
+    this process's stderr.
 
     Args:
         formats: of `FORMATS`; None: `installed_formats()`.
@@ -182,16 +188,11 @@ def export_after_training(work_dir, run_info, output_dir="saved_models", formats
     Returns:
         dict format -> the directory written.
     """
-    import keras
-
-    formats = installed_formats() if formats is None else formats
-    name = name or default_name(run_info)
-    if keras.backend.backend() == "tensorflow":
-        return export_all(work_dir, output_dir=output_dir, name=name,
-                          search=workdir.search_of(run_info), formats=formats)  # fmt: skip
     import subprocess
     import sys
 
+    formats = installed_formats() if formats is None else formats
+    name = name or default_name(run_info)
     check_work_dir(work_dir)
     version = new_version(output_dir, name)
     command = [
@@ -200,11 +201,11 @@ def export_after_training(work_dir, run_info, output_dir="saved_models", formats
         "--formats", ",".join(formats),  # the search: run.json's, as here
     ]  # fmt: skip
     env = dict(os.environ, KERAS_BACKEND="tensorflow")
-    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    result = subprocess.run(command, env=env, stdout=subprocess.DEVNULL)  # stdout: the paths
     if result.returncode:
         raise RuntimeError(
-            f"Export in a TensorFlow subprocess failed (exit {result.returncode}): "
-            f"{' '.join(command)}\n{result.stderr[-3000:]}"
+            f"Export in a TensorFlow subprocess failed (exit {result.returncode}; its log is "
+            f"above): {' '.join(command)}"
         )
     return {f: p for f, p in _paths(output_dir, name, version).items() if f in formats}
 

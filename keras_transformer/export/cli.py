@@ -1,9 +1,9 @@
 """Command line of `export/saved_model.py` and `export/onnx_model.py`."""
 
 import argparse
-import logging
 
 from keras_transformer import workdir
+from keras_transformer.command_line import add_verbose_flag, configure_logging
 from keras_transformer.export import FORMATS
 from keras_transformer.search import PAPER, STOPPING_RULES
 
@@ -37,6 +37,7 @@ def parse_args(description, argv=None):
         default=None,
         help=f"comma-separated, of {','.join(FORMATS)} (default: this command's)",
     )
+    add_verbose_flag(parser)
     args = parser.parse_args(argv)
     if args.formats is not None:
         args.formats = tuple(args.formats.split(","))
@@ -50,10 +51,7 @@ def main(formats, description, argv=None):
     """Parses flags and runs `export_all(formats=formats)`; returns the paths written."""
     args = parse_args(description, argv)
     formats = args.formats or formats
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from keras_transformer.hardware import quiet_third_party_loggers
-
-    quiet_third_party_loggers()
+    configure_logging(args.verbose, "%(message)s")  # before TensorFlow and tf2onnx load
     from keras_transformer.export import default_name, export_all
     from keras_transformer.export.artifacts import check_work_dir
 

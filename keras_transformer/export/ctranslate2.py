@@ -105,7 +105,7 @@ def transformer_spec(model, pieces):
         )
     weights = _weights(model)
     spec = specs.TransformerSpec.from_config(
-        (config.num_layers, config.num_layers),
+        (config.num_encoder_layers, config.num_decoder_layers),
         config.num_heads,
         pre_norm=False,
         activation=common_spec.Activation.RELU,

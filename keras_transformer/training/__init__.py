@@ -1,11 +1,13 @@
 """Training: `run()` is what `python train.py` calls. Its rooms, in the order a run uses them:
 
-    options.py    TrainingConfig: every option once (type, default, help); train.py's
-                  flags are made from it
+    options.py    TrainingConfig: every option once (type, default, help)
+    checks.py     its values checked, a function per group of options
+    flags.py      train.py's flags, made from TrainingConfig's fields
     presets.py    what an option left unset means per preset; the corpus-size defaults
     machine.py    the hardware and the distribution, set up once and frozen
     lifecycle.py  new, resumed, continued or --init-from; the work directory; the budget
     inputs.py     corpus, model config, vocabulary and batches, made once per work directory
+    tokens.py     the vocabulary and the tokenized training pairs (BPE-dropout's copies too)
     runner.py     `run()`: the stages as one sequence; the model built and compiled,
                   and `model.fit` with the run's callbacks and time budget
     finishing.py  float32 copy, checkpoint averaging, test decode, exports

@@ -13,19 +13,18 @@ import dataclasses
 import functools
 import logging
 import os
-import shutil
 import time
 
 from keras_transformer import terminology, workdir
 from keras_transformer.data import (
     Batches,
     InputTimer,
-    get_tokenizer,
     load_translation_data,
     make_dataset,
-    repeat_sentences,
     shards,
 )
+from keras_transformer.training import tokens
+from keras_transformer.training.presets import COMMON_DEFAULTS
 from keras_transformer.training.presets import model_config as make_model_config
 
 logger = logging.getLogger(__name__)
@@ -62,24 +61,19 @@ def prepare_inputs(config, machine, work, finished=None):
     """
     glossary = _glossary(config)
     data, train_pairs, write_corpus = _corpus(config, work)
-    model_config, picked = make_model_config(
-        config, data.info["counts"]["train"], data.info["name"], finished
-    )
-    if picked:
-        logger.info(
-            "A corpus of %d training pairs: %s (docs/data.md, \"Your own data\"; "
-            "--dropout overrides)", data.info["counts"]["train"], picked,
-        )  # fmt: skip
+    model_config = _model_config(config, data, finished)
     if machine.is_chief:  # before anything is written there
-        workdir.claim(work.path, _corpus_identity(data, model_config))
+        workdir.claim(work.path, _corpus_identity(data, model_config, config.vocab_sample_size))
     write_corpus()
-    tokenizer = _vocabulary(work, train_pairs, model_config, finished, glossary is not None)
-    start = time.time()
-    tokenized, reused = _tokenized(
-        config, work, data, train_pairs, tokenizer, model_config, glossary
+    tokenizer = tokens.vocabulary(
+        work, train_pairs, model_config, finished, glossary is not None, config.vocab_sample_size
     )
+    start = time.time()
+    pairs = tokens.TrainingPairs(config, data, train_pairs, glossary)
+    tokenized, reused = tokens.tokenized(config, work, data, pairs, tokenizer, model_config)
+    passes = tokens.sampled(config, work, pairs, tokenizer, model_config)
     tokenize_seconds = time.time() - start
-    glossary_record = _terminology_record(glossary, tokenized["train"], tokenizer)
+    glossary_record = tokens.terminology_record(glossary, tokenized["train"], tokenizer)
     _report(data, tokenized["train"], tokenizer, work, machine.is_chief)
     if config.prepare_only:  # no batches planned: preparing stays bounded in memory
         logger.info(
@@ -88,6 +82,32 @@ def prepare_inputs(config, machine, work, finished=None):
             model_config.max_length, tokenize_seconds,
         )  # fmt: skip
         return None
+    input_timer = InputTimer()
+    train, validation = _batches(config, machine, model_config, tokenized, passes, input_timer)
+    stats = train.statistics()  # the plan of the first pass, which training then reads
+    _log_batches(config, model_config, tokenized["train"], reused, tokenize_seconds, stats)
+    return Inputs(
+        data, model_config, tokenizer, train, make_dataset(train), make_dataset(validation),
+        stats, input_timer, tokenize_seconds, glossary_record,
+    )  # fmt: skip
+
+
+def _model_config(config, data, finished):
+    """The `TransformerConfig` trained (`presets.model_config`); what the corpus's size
+    picked is logged."""
+    count = data.info["counts"]["train"]
+    model_config, picked = make_model_config(config, count, data.info["name"], finished)
+    if picked:
+        logger.info(
+            "A corpus of %d training pairs: %s (docs/data.md, \"Your own data\"; "
+            "--dropout overrides)", count, picked,
+        )  # fmt: skip
+    return model_config
+
+
+def _batches(config, machine, model_config, tokenized, passes, timer):
+    """`(train, validation)` `data.Batches`; training passes read `passes` in turn
+    (BPE-dropout's sampled copies) where given."""
     common = dict(
         max_length=model_config.max_length,
         batch_tokens=config.batch_tokens,
@@ -96,28 +116,25 @@ def prepare_inputs(config, machine, work, finished=None):
         eos_id=model_config.eos_id,
         pack=config.pack,
     )
-    input_timer = InputTimer()
     weights = None
     if config.mixture:
         weights = [1.0] + [weight for _, weight in config.mixture]
     train = Batches(
-        tokenized["train"], training=True, seed=config.seed, timer=input_timer,
-        weights=weights, **common,
+        tokenized["train"], training=True, seed=config.seed, timer=timer, weights=weights,
+        passes=passes, **common,
     )  # fmt: skip
-    stats = train.statistics()  # the plan of the first pass, which training then reads
+    return train, Batches(tokenized["validation"], training=False, **common)
+
+
+def _log_batches(config, model_config, train, reused, tokenize_seconds, stats):
     logger.info(
         "%s %d train pairs (full sentences %d times; %d longer than %d dropped) in %.0fs. "
         "Batches of ~%d tokens: %.0f sentences, %.0f source + %.0f target real tokens, padding "
         "share %.1f%%, %d batches per pass over the data",
-        "Read the tokenized" if reused else "Tokenized", len(tokenized["train"]),
-        config.sentence_repeats, tokenized["train"].dropped, model_config.max_length,
-        tokenize_seconds, config.batch_tokens, stats["batch_size"], stats["source_tokens"],
-        stats["target_tokens"], 100 * stats["padding_share"], stats["batches"],
-    )  # fmt: skip
-    validation = Batches(tokenized["validation"], training=False, **common)
-    return Inputs(
-        data, model_config, tokenizer, train, make_dataset(train), make_dataset(validation),
-        stats, input_timer, tokenize_seconds, glossary_record,
+        "Read the tokenized" if reused else "Tokenized", len(train), config.sentence_repeats,
+        train.dropped, model_config.max_length, tokenize_seconds, config.batch_tokens,
+        stats["batch_size"], stats["source_tokens"], stats["target_tokens"],
+        100 * stats["padding_share"], stats["batches"],
     )  # fmt: skip
 
 
@@ -131,21 +148,6 @@ def _glossary(config):
         config.terminology, glossary, config.terminology_rate, config.seed
     )
     return glossary, settings
-
-
-def _terminology_record(glossary, train, tokenizer):
-    """run.json's `terminology`: the glossary's settings, and how many training
-    pairs and terms carry the tags, counted in the tokenized pairs trained on."""
-    if glossary is None:
-        return None
-    import numpy as np
-
-    tag = tokenizer.processor.piece_to_id(terminology.SRC_TERM_START)
-    positions = np.flatnonzero(np.asarray(train.source) == tag)
-    pairs = np.unique(np.searchsorted(train.source_offsets, positions, side="right") - 1)
-    _, settings = glossary
-    return dict(settings, annotated_pairs=int(pairs.size), annotated_terms=int(positions.size),
-                train_pairs=len(train))  # fmt: skip
 
 
 def _corpus(config, work):
@@ -251,62 +253,17 @@ def _text_is_gone(folder):
     return train_pairs
 
 
-def _tokenized(config, work, data, train_pairs, tokenizer, model_config, glossary=None):
-    """`(tokenized, reused)` (`data.shards.tokenized_splits`) of the training pairs,
-    full sentences repeated and, with a glossary, annotated (`terminology`), and the
-    validation pairs (never annotated); named by the corpus's digests and the
-    glossary's settings."""
-
-    # The vocabulary is the corpus's; repeated sentences only weigh the batches.
-    def train():
-        pairs = repeat_sentences(train_pairs(), config.sentence_repeats)
-        if glossary is None:
-            return pairs
-        return terminology.annotate_training_pairs(
-            pairs, glossary[0], config.terminology_rate, config.seed
-        )
-
-    splits = {"train": train, "validation": data.splits["validation"]}
-    identity = {
-        "train": data.info["sha256"]["train"],
-        "validation": data.info["sha256"]["validation"],
-        "sentence_repeats": config.sentence_repeats,
-    }
-    if glossary is not None:
-        # Its content, not where it lies: a glossary moved elsewhere names the same pairs.
-        identity["terminology"] = {k: v for k, v in glossary[1].items() if k != "path"}
-    return shards.tokenized_splits(
-        work.data, splits, tokenizer, model_config.max_length, model_config.eos_id,
-        workers=config.workers, pairs_identity=identity,
-    )  # fmt: skip
-
-
-def _corpus_identity(data, model_config):
+def _corpus_identity(data, model_config, vocab_sample_size=None):
     """What a work directory belongs to (`workdir.claim`): the corpus, its
-    direction, a digest of its training pairs and the vocabulary size."""
-    return {
+    direction, a digest of its training pairs and the vocabulary size, and the
+    vocabulary's sample where it is not the default (so that work directories
+    made before `--vocab-sample-size` keep their identity)."""
+    identity = {
         "corpus": data.info["name"],
         "direction": f"{data.source_language}-{data.target_language}",
         "train_pairs_sha256": data.info["sha256"]["train"],
         "vocab_size": model_config.vocab_size,
     }
-
-
-def _vocabulary(work, train_pairs, model_config, finished, tags=False):
-    """The shared vocabulary: trained on the corpus, or `--init-from`'s, copied once;
-    with `tags`, the glossary tags of `--terminology` are pieces of it."""
-    if finished is not None:
-        source = finished.work.vocabulary
-        if not os.path.exists(work.vocabulary):
-            shutil.copyfile(source, work.vocabulary)
-        else:
-            with open(source, "rb") as a, open(work.vocabulary, "rb") as b:
-                if a.read() != b.read():
-                    raise ValueError(
-                        f"{work.vocabulary} is not the vocabulary of --init-from {source}; "
-                        "use a new --work-dir."
-                    )
-        logger.info("Vocabulary and weights of %s", finished.work.path)
-    pairs = () if os.path.exists(work.vocabulary) else train_pairs()
-    symbols = terminology.TAGS if tags else ()
-    return get_tokenizer(work.vocabulary, pairs, model_config.vocab_size, symbols)
+    if vocab_sample_size not in (None, COMMON_DEFAULTS["vocab_sample_size"]):
+        identity["vocab_sample_size"] = vocab_sample_size
+    return identity

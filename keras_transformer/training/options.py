@@ -1,8 +1,9 @@
 """What a training run does: `TrainingConfig`, and the command line made from it.
 
 Each option is written once, here: its type, its default and its help.
-`train.py`'s command line is generated from these fields (`add_arguments`),
-so the help and the behaviour cannot drift apart.
+`train.py`'s command line is generated from these fields (`add_arguments`,
+flags.py), so the help and the behaviour cannot drift apart; checks.py
+checks their values.
 
 `TrainingConfig(preset="cpu")` leaves every option it is not given at None,
 which means "the preset's default"; `resolved()` fills them in from
@@ -13,20 +14,17 @@ This module imports neither Keras nor TensorFlow: `train.py` parses its
 command line before either loads.
 """
 
-import argparse
 import dataclasses
-import types
 
 from keras_transformer.search import PAPER, STOPPING_RULES
 from keras_transformer.terminology import RATE, TGT_TERM_END, TGT_TERM_START
+from keras_transformer.training.checks import DTYPE_POLICIES, check
 from keras_transformer.training.presets import (
     COMMON_DEFAULTS,
     SMALL_CORPUS_DROPOUT,
     SMALL_CORPUS_PAIRS,
     TRAINING_DEFAULTS,
 )
-
-DTYPE_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
 
 
 def _option(default=None, help="", **flag):
@@ -49,6 +47,21 @@ class TrainingConfig:
         "new --work-dir: train it longer, or fine-tune it on --data-dir", metavar="WORK_DIR",
     )  # fmt: skip
     vocab_size: int | None = _option(help="shared BPE vocabulary size (the preset's)")
+    vocab_sample_size: int | None = _option(
+        help="lines the vocabulary is trained on: the training pairs' first, source and "
+        "target counted apart", metavar="LINES",
+    )  # fmt: skip
+    bpe_dropout: float | None = _option(
+        help="BPE-dropout (Provilkov et al. 2020): training reads the training pairs "
+        "segmented with each merge dropped with this probability (SentencePiece's sampling, "
+        "e.g. 0.1), a new segmentation each pass over the data up to --bpe-dropout-copies; "
+        "validation, test and translation are never sampled (0: off)", metavar="P",
+    )  # fmt: skip
+    bpe_dropout_copies: int | None = _option(
+        help="sampled segmentations of the training pairs made with --bpe-dropout (tokenized "
+        "once per work directory): pass N over the data reads copy N mod this",
+        metavar="K",
+    )  # fmt: skip
     dropout: float | None = _option(
         help=f"dropout of the model (the preset's; with --preset cpu on a corpus of fewer than "
         f"{SMALL_CORPUS_PAIRS:,} training pairs other than Ding, {SMALL_CORPUS_DROPOUT})"
@@ -62,6 +75,19 @@ class TrainingConfig:
         "where the backend has them, where no attention dropout is active; the same results, "
         "tests/test_attention.py); off unless the preset turns it on"
     )
+    encoder_layers: int | None = _option(help="encoder layers")
+    decoder_layers: int | None = _option(
+        help="decoder layers: a deep encoder with a shallow decoder decodes "
+        "faster for about the same quality (Kasai et al. 2021)"
+    )
+    d_model: int | None = _option(help="model width")
+    num_heads: int | None = _option(help="attention heads; they divide --d-model")
+    d_ff: int | None = _option(help="inner width of the feed-forward layers")
+    max_length: int | None = _option(
+        help="longest source or target, in pieces with EOS or BOS, the model trains on and "
+        "serves; longer training pairs are dropped"
+    )
+    label_smoothing: float | None = _option(help="label smoothing of the loss (Section 5.4)")
 
     # On what.
     dataset: str = _option(
@@ -255,82 +281,7 @@ class TrainingConfig:
         return tuple(entries)
 
     def __post_init__(self):
-        from keras_transformer.data.report import FILTERS
-
-        if self.export_name is not None and (
-            not self.export_name.strip()
-            or "/" in self.export_name
-            or self.export_name in (".", "..")
-        ):
-            raise ValueError(
-                "export_name names one folder, without '/'. "
-                f"Received: export_name={self.export_name!r}"
-            )
-        if self.mixture and self.data_dir is None:
-            raise ValueError("mix adds corpora to data_dir's: give data_dir (--data-dir) too.")
-
-        unknown = set(self.filter_names) - set(FILTERS)
-        if unknown:
-            raise ValueError(
-                f"Unknown filter(s) {', '.join(sorted(unknown))} in filters={self.filters!r}; "
-                f"choose from {', '.join(FILTERS)}, or none."
-            )
-        positive = ("epochs", "steps", "batch_tokens", "warmup_steps", "vocab_size",
-                    "logical_devices", "average_last", "beam_size", "validation_every",
-                    "sentence_repeats", "accumulate_steps", "early_stopping")  # fmt: skip
-        for name in positive:
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or value <= 0):
-                raise ValueError(f"{name} must be a positive integer. Received: {name}={value!r}")
-        at_least_zero = ("validation_bleu_every", "test_samples", "validation_bleu_samples",
-                         "max_train_minutes")  # fmt: skip
-        for name in at_least_zero:
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(f"{name} must be >= 0. Received: {name}={value!r}")
-        if not 0.0 <= self.terminology_rate <= 1.0:
-            raise ValueError(
-                "terminology_rate must be in [0, 1]. "
-                f"Received: terminology_rate={self.terminology_rate}"
-            )
-        if self.learning_rate_scale is not None and self.learning_rate_scale <= 0:
-            raise ValueError(
-                f"learning_rate_scale must be > 0. Received: "
-                f"learning_rate_scale={self.learning_rate_scale}"
-            )
-        _ = self.search  # `SearchConfig`'s checks
-        if self.cooldown is not None and not 0.0 <= self.cooldown <= 1.0:
-            raise ValueError(f"cooldown must be in [0, 1]. Received: cooldown={self.cooldown}")
-        if self.ema is not None and not 0.0 <= self.ema < 1.0:
-            raise ValueError(
-                f"ema must be in [0, 1): e.g. 0.999, or 0 for none. Received: ema={self.ema}"
-            )
-        if (
-            self.early_stopping
-            and self.early_stopping_metric != "loss"
-            and self.validation_bleu_every == 0
-        ):
-            raise ValueError(
-                f"early stopping on validation {self.early_stopping_metric} needs "
-                "validation_bleu_every >= 1 (how often it decodes the validation pairs)."
-            )
-        if self.accumulate_steps > 1 and self.cooldown:
-            raise ValueError(
-                "accumulate_steps > 1 with a cooldown is not supported yet: the cooldown sets "
-                "the rate per batch, not per update. Use one of them."
-            )
-        if self.dtype_policy is not None and self.dtype_policy not in DTYPE_POLICIES:
-            raise ValueError(
-                f"dtype_policy must be one of {DTYPE_POLICIES}. "
-                f"Received: dtype_policy={self.dtype_policy!r}"
-            )
-        if self.preset is not None and self.preset not in TRAINING_DEFAULTS:
-            from keras_transformer.config import PRESETS
-
-            if self.preset not in PRESETS:
-                raise ValueError(
-                    f"Unknown preset {self.preset!r}. Available presets: {sorted(PRESETS)}"
-                )
+        check(self)  # checks.py: each group of options in its own function
 
     def resolved(self, preset=None):
         """A copy with every None replaced by the preset's default (`TRAINING_DEFAULTS`).
@@ -341,7 +292,8 @@ class TrainingConfig:
 
         `dtype_policy` and `jit_compile` stay None (they depend on the machine:
         `calibration` chooses them) and so do the model options (`vocab_size`,
-        `dropout`), which depend on the corpus (`model_config`).
+        `dropout`, the shape, `max_length`), which depend on the corpus and the
+        preset's model (`model_config`).
         """
         preset = self.preset or preset or "cpu"
         defaults = {**COMMON_DEFAULTS, **TRAINING_DEFAULTS.get(preset, TRAINING_DEFAULTS["cpu"])}
@@ -366,56 +318,8 @@ def config_from(config=None, options=None):
     return dataclasses.replace(config, **options) if config else TrainingConfig(**options)
 
 
-# --------------------------------------------------------------------------- command line
+# train.py's flags, made from the fields above (flags.py); imported here for the callers
+# that read both from this module.
+from keras_transformer.training.flags import add_arguments  # noqa: E402
 
-
-def add_arguments(parser):
-    """Adds a flag per `TrainingConfig` field to an `argparse` parser.
-
-    `--max-train-minutes` for `max_train_minutes`; a field whose default is True
-    becomes `--no-NAME`, one defaulting to False `--NAME`, an optional bool
-    `--NAME/--no-NAME`. The help ends with the per-preset defaults, read from
-    `TRAINING_DEFAULTS`. `vars(parser.parse_args())` gives `TrainingConfig`'s fields.
-    """
-    for field in dataclasses.fields(TrainingConfig):
-        flag = "--" + field.name.replace("_", "-")
-        help = field.metadata["help"] + _preset_defaults(field.name)
-        kind = _base_type(field.type)
-        extra = {k: v for k, v in field.metadata.items() if k in ("choices", "metavar")}
-        if kind is bool and field.default is True:
-            parser.add_argument(
-                "--no-" + flag[2:], dest=field.name, action="store_false", help=help
-            )
-        elif kind is bool and field.default is False:
-            parser.add_argument(flag, action="store_true", help=help)
-        elif kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help)
-        else:
-            if field.default is not None:
-                help += f" (default: {field.default})"
-            parser.add_argument(flag, type=kind, default=field.default, help=help, **extra)
-    return parser
-
-
-def _base_type(annotation):
-    """`int` for `int | None`."""
-    if isinstance(annotation, types.UnionType):
-        (annotation,) = [a for a in annotation.__args__ if a is not type(None)]
-    return annotation
-
-
-def _preset_defaults(name):
-    """`" (default: cpu 1024; small 2048; ...)"` from the defaults tables, or ""."""
-    if not any(name in defaults for defaults in TRAINING_DEFAULTS.values()):
-        if name in COMMON_DEFAULTS and COMMON_DEFAULTS[name] is not None:
-            return f" (default: {COMMON_DEFAULTS[name]})"
-        return ""
-    values = {}
-    for preset, defaults in TRAINING_DEFAULTS.items():
-        value = defaults.get(name, COMMON_DEFAULTS.get(name))
-        values.setdefault(value, []).append(preset)
-    shown = "; ".join(
-        f"{'/'.join(presets)} {'none' if value is None else value}"
-        for value, presets in values.items()
-    )
-    return f" (default: {shown})"
+__all__ = ["DTYPE_POLICIES", "TrainingConfig", "add_arguments", "config_from"]

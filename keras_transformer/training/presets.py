@@ -9,6 +9,10 @@ import dataclasses
 
 from keras_transformer.search import PAPER
 
+# Sampled segmentations of the training pairs with --bpe-dropout: each costs one
+# more tokenization of them and their size on disk (docs/training.md, "BPE-dropout").
+BPE_DROPOUT_COPIES = 8
+
 # Per-preset training defaults; command-line options override them.
 TRAINING_DEFAULTS = {
     # The default run: 22 minutes of training on a 2-core CPU, then beam search on
@@ -66,6 +70,12 @@ COMMON_DEFAULTS = dict(
     stopping=PAPER.stopping,
     patience=PAPER.patience,
     sentence_repeats=1,  # every training pair once per pass
+    label_smoothing=0.1,  # the paper's (recipe.LABEL_SMOOTHING)
+    # BPE merges converge long before the Ding dictionary's 750k lines, and training
+    # on all of them takes minutes on 2 cores (vocabulary.train_vocabulary).
+    vocab_sample_size=300_000,
+    bpe_dropout=0.0,  # off: every pass reads the one deterministic segmentation
+    bpe_dropout_copies=BPE_DROPOUT_COPIES,
 )
 
 # `corpus_defaults`: below this many training pairs, the cpu preset trains with dropout.
@@ -108,17 +118,9 @@ def model_config(config, train_pairs=None, corpus="ding", finished=None):
         `(TransformerConfig, picked)`: `picked` the corpus-size defaults taken.
     """
     from keras_transformer.config import get_preset
+    from keras_transformer.training.checks import model_overrides
 
-    changes = {
-        name: value
-        for name, value in (
-            ("vocab_size", config.vocab_size),
-            ("dropout", config.dropout),
-            ("attention_dropout", config.attention_dropout),
-            ("use_fused_attention", config.fused_attention),
-        )
-        if value is not None
-    }
+    changes = model_overrides(config)  # what the command line sets
     if finished is not None:
         saved = get_preset(config.preset, **finished.run_info["config"])
         if changes.get("vocab_size", saved.vocab_size) != saved.vocab_size:

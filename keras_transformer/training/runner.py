@@ -62,7 +62,7 @@ def run(config=None, /, **options):
     model, calibrated = calibration.calibrated_model(
         functools.partial(build_model, config, machine, inputs.model_config, finished),
         candidates, inputs.train_batches, inputs.train_ds,
-        paper_loss(inputs.model_config.pad_id),
+        paper_loss(inputs.model_config.pad_id, config.label_smoothing),
         calibration_key(config, machine, inputs.model_config, candidates), config.seed,
     )  # fmt: skip
     logger.info("Model: preset %s, %s parameters", config.preset, f"{model.count_params():,}")
@@ -120,6 +120,7 @@ def build_model(config, machine, model_config, finished, precision):
             model,
             warmup_steps=config.warmup_steps,
             learning_rate_scale=config.learning_rate_scale,
+            label_smoothing=config.label_smoothing,
             settable_learning_rate=config.cooldown > 0,  # `Cooldown` sets it
             accumulation_steps=config.accumulate_steps,
             ema_momentum=config.ema or None,  # 0: off

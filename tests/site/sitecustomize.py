@@ -61,12 +61,12 @@ def _record_batches(pipeline):
     path = os.environ["KT_TEST_RECORD_BATCHES"]
     assemble = pipeline.Batches.assemble
 
-    def recording(self, planned):
+    def recording(self, planned, split=None):
         if self.training:
             pairs = planned[1].pairs if self.pack else planned  # (width, PackedRows) or ids
             with open(path, "a") as f:
                 f.write(json.dumps([int(i) for i in pairs]) + "\n")
-        return assemble(self, planned)
+        return assemble(self, planned, split)
 
     pipeline.Batches.assemble = recording
 
