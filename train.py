@@ -15,7 +15,7 @@ def parse_args(argv=None):
     """The command line: one flag per `TrainingConfig` field (`training.options`), --debug
     and --verbose."""
     from keras_transformer.command_line import add_debug_flag, add_verbose_flag
-    from keras_transformer.training.options import add_arguments
+    from keras_transformer.training.flags import add_arguments
 
     parser = add_arguments(argparse.ArgumentParser(description=__doc__))
     add_debug_flag(parser)

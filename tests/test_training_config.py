@@ -128,7 +128,7 @@ def test_the_corpus_size_picks_dropout_unless_the_command_line_does(
 def _parser():
     import argparse
 
-    from keras_transformer.training.options import add_arguments
+    from keras_transformer.training.flags import add_arguments
 
     return add_arguments(argparse.ArgumentParser())
 

@@ -6,7 +6,7 @@ before TensorFlow loads. Like options.py, this module imports neither Keras
 nor TensorFlow.
 """
 
-from keras_transformer.training.presets import TRAINING_DEFAULTS
+from keras_transformer.training.presets import SHAPE, TRAINING_DEFAULTS
 
 DTYPE_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
 
@@ -19,7 +19,6 @@ POSITIVE = ("epochs", "steps", "batch_tokens", "warmup_steps", "vocab_size", "lo
 AT_LEAST_ZERO = ("validation_bleu_every", "test_samples", "validation_bleu_samples",
                  "max_train_minutes")  # fmt: skip
 # The options that set the model's shape, which `--init-from` keeps.
-SHAPE = ("encoder_layers", "decoder_layers", "d_model", "num_heads", "d_ff")
 
 
 def check(config):
@@ -134,11 +133,3 @@ def check_model_shape(config):
         return
     shape = {name: getattr(config, name) for name in SHAPE + ("max_length", "vocab_size")}
     get_preset(config.preset or "cpu", **{k: v for k, v in shape.items() if v is not None})
-
-
-def model_overrides(config):
-    """The `TransformerConfig` fields the options set (those given, not None)."""
-    names = ("vocab_size", "dropout", "attention_dropout", *SHAPE, "max_length")
-    changes = {name: getattr(config, name) for name in names}
-    changes["use_fused_attention"] = config.fused_attention
-    return {name: value for name, value in changes.items() if value is not None}

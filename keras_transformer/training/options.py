@@ -318,8 +318,4 @@ def config_from(config=None, options=None):
     return dataclasses.replace(config, **options) if config else TrainingConfig(**options)
 
 
-# train.py's flags, made from the fields above (flags.py); imported here for the callers
-# that read both from this module.
-from keras_transformer.training.flags import add_arguments  # noqa: E402
-
-__all__ = ["DTYPE_POLICIES", "TrainingConfig", "add_arguments", "config_from"]
+__all__ = ["DTYPE_POLICIES", "TrainingConfig", "config_from"]

@@ -9,6 +9,9 @@ import dataclasses
 
 from keras_transformer.search import PAPER
 
+# The model's shape, each overridable from the command line.
+SHAPE = ("encoder_layers", "decoder_layers", "d_model", "num_heads", "d_ff")
+
 # Sampled segmentations of the training pairs with --bpe-dropout: each costs one
 # more tokenization of them and their size on disk (docs/training.md, "BPE-dropout").
 BPE_DROPOUT_COPIES = 8
@@ -118,7 +121,6 @@ def model_config(config, train_pairs=None, corpus="ding", finished=None):
         `(TransformerConfig, picked)`: `picked` the corpus-size defaults taken.
     """
     from keras_transformer.config import get_preset
-    from keras_transformer.training.checks import model_overrides
 
     changes = model_overrides(config)  # what the command line sets
     if finished is not None:
@@ -136,3 +138,11 @@ def model_config(config, train_pairs=None, corpus="ding", finished=None):
             k: v for k, v in corpus_defaults(train_pairs, config.preset).items() if k not in changes
         }
     return get_preset(config.preset, **picked, **changes), picked
+
+
+def model_overrides(config):
+    """The `TransformerConfig` fields the options set (those given, not None)."""
+    names = ("vocab_size", "dropout", "attention_dropout", *SHAPE, "max_length")
+    changes = {name: getattr(config, name) for name in names}
+    changes["use_fused_attention"] = config.fused_attention
+    return {name: value for name, value in changes.items() if value is not None}
