@@ -102,6 +102,12 @@ class CTranslate2Translator:
             return self.translate([sentences], progress=progress, **search)[0]
         return self.translate(sentences, progress=progress, **search)
 
+    def _pieces_of(self, text):
+        """A prefix's or a banned word's pieces ([] for blank text), as `Translator` has them."""
+        if frontend.is_blank(text):
+            return []
+        return [self._pieces[i] for i in self.processor.encode(text, out_type=int)]
+
     def encode(self, texts):
         """Non-blank strings -> their source pieces, cut to the model's range, then EOS."""
         kept = frontend.max_source_pieces(self.info["max_length"])
@@ -120,7 +126,8 @@ class CTranslate2Translator:
 
     def translate_pieces(self, sources, beam_size, alpha, max_extra_length, stopping="k_finished",
                          patience=1.0, exact_limits=True, num_hypotheses=None,
-                         length_ratio=1.0):  # fmt: skip
+                         length_ratio=1.0, target_prefix=None, banned=None, sampling_topk=1,
+                         sampling_temperature=1.0):  # fmt: skip
         """Source pieces (EOS included) -> output piece lists (before EOS); with
         `num_hypotheses=N` (<= `beam_size`), `(N piece lists, N scores)` per
         source, best first: CTranslate2's scores (log-probability over its
@@ -135,6 +142,12 @@ class CTranslate2Translator:
         hypotheses have finished: the package's `stopping="k_finished"`
         (with CTranslate2's own length penalty, `length ** alpha`). It has
         no `"bound"` rule, so that setting searches as `"k_finished"` here.
+
+        `target_prefix` (a piece list per source), `banned` (a list of piece
+        lists per source) and `sampling_topk`/`sampling_temperature` are
+        CTranslate2's `target_prefix`, `suppress_sequences` (one list per
+        call: sources with different lists run in different calls) and
+        sampling options.
         """
         # The package's limit: ceil(length_ratio x source length) + max_extra_length
         # tokens, EOS included on both sides, at most max_length (`search.output_limit`).
@@ -145,9 +158,12 @@ class CTranslate2Translator:
             length_penalty=alpha,
             patience=patience,
             min_decoding_length=1,
-            suppress_sequences=self._suppressed,
             max_input_length=0,
         )
+        if sampling_topk != 1:
+            settings.update(beam_size=1, sampling_topk=sampling_topk,
+                            sampling_temperature=sampling_temperature)  # fmt: skip
+            beam_size = 1
         if num_hypotheses is not None:
             if not isinstance(num_hypotheses, int) or not 1 <= num_hypotheses <= beam_size:
                 raise ValueError(
@@ -160,15 +176,20 @@ class CTranslate2Translator:
         # Beam: a limit changes the search, so each limit gets its own call and an
         # output never depends on the other sentences of its batch.
         one_call = beam_size == 1 or not exact_limits
-        groups = {max(limits): range(len(sources))} if one_call else {}
-        if not one_call:
-            for i, limit in enumerate(limits):
-                groups.setdefault(limit, []).append(i)
+        bans = [()] * len(sources) if banned is None else [tuple(map(tuple, b)) for b in banned]
+        groups = {}
+        for i, limit in enumerate(limits):
+            groups.setdefault((max(limits) if one_call else limit, bans[i]), []).append(i)
         outputs = [None] * len(sources)
-        for limit, members in groups.items():
+        for (limit, ban), members in groups.items():
+            extra = {}
+            if target_prefix is not None:
+                extra["target_prefix"] = [list(target_prefix[i]) or None for i in members]
             results = self.translator.translate_batch(
-                [sources[i] for i in members], max_decoding_length=limit, **settings
-            )
+                [sources[i] for i in members], max_decoding_length=limit,
+                suppress_sequences=self._suppressed + [list(b) for b in ban], **settings,
+                **extra,
+            )  # fmt: skip
             for i, result in zip(members, results, strict=True):
                 if num_hypotheses is None:
                     outputs[i] = result.hypotheses[0][: limits[i]]
@@ -179,13 +200,28 @@ class CTranslate2Translator:
 
     def translate(self, sentences, progress=False, beam_size=None, alpha=None,
                   max_extra_length=None, exact_limits=True, num_hypotheses=None,
-                  glossary=None):  # fmt: skip
+                  glossary=None, target_prefix=None, banned=None, sampling_topk=1,
+                  sampling_temperature=1.0, seed=None):  # fmt: skip
         """A list of strings (or UTF-8 bytes) -> a list of translations, in order;
         with `num_hypotheses=N`, a list of N `(translation, score)` per sentence,
         best first (`translate_pieces`; a blank sentence: N times `("", 0.0)`).
         `glossary`: terms and their translations, annotated in the text before
-        tokenizing (`Translator.translate`'s argument; `terminology.annotate`)."""
+        tokenizing (`Translator.translate`'s argument; `terminology.annotate`).
+        `target_prefix`, `banned`, `sampling_topk`, `sampling_temperature`:
+        `Translator.translate`'s, on CTranslate2's own options (a banned word
+        bans its pieces alone, as in `Translator`); `seed` (an int) seeds
+        CTranslate2's generator (`ctranslate2.set_random_seed`): its draws are
+        its own, not `Translator`'s, and two calls with one seed drew
+        differently on the test fixture."""
         texts = frontend.check_sentences(sentences, "CTranslate2Translator", accept_bytes=True)
+        frontend.check_sampling(sampling_topk, sampling_temperature)
+        prefixes = frontend.per_sentence(target_prefix, len(texts), "target_prefix")
+        banned = frontend.per_sentence(banned, len(texts), "banned")
+        steering = dict(sampling_topk=sampling_topk, sampling_temperature=sampling_temperature)
+        if sampling_topk != 1 and seed is not None:
+            import ctranslate2
+
+            ctranslate2.set_random_seed(int(seed))
         if glossary is not None:
             tags = self.processor.encode(list(terminology.TAGS))
             terminology.check_tags(terminology.tokenizer_has_tags(tags), "CTranslate2Translator")
@@ -198,9 +234,14 @@ class CTranslate2Translator:
         outputs = [""] * len(texts) if n is None else [[("", 0.0)] * n for _ in texts]
 
         def run(batch):
+            if prefixes is not None:
+                steering["target_prefix"] = [self._pieces_of(prefixes[i]) for i in batch]
+            if banned is not None:
+                steering["banned"] = [[self._pieces_of(word) for word in banned[i]
+                                       if not frontend.is_blank(word)] for i in batch]  # fmt: skip
             pieces = self.translate_pieces(
                 self.encode([texts[i] for i in batch]), **search, exact_limits=exact_limits,
-                num_hypotheses=n,
+                num_hypotheses=n, **steering,
             )  # fmt: skip
             if n is not None:
                 for i, (hypotheses, scores) in zip(batch, pieces, strict=True):

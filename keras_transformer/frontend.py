@@ -68,6 +68,60 @@ def check_sentences(sentences, caller, accept_bytes=False):
     return texts
 
 
+def steering_seeds(seed, count):
+    """`(count,)` int32 seeds, one per sentence, as every translator derives them from
+    its `seed` (an int; None: a new one; a list of `count` ints: used as they are):
+    what the SavedModel's `translate_steered` and translate.onnx take as `seeds`."""
+    import numbers
+
+    import numpy as np
+
+    if seed is not None and not isinstance(seed, numbers.Integral):
+        seeds = np.asarray(list(seed))
+        if seeds.shape != (count,) or not np.issubdtype(seeds.dtype, np.integer):
+            raise ValueError(
+                f"seed must be an int or {count} ints, one per sentence. Received: {seed!r:.80}"
+            )
+        return seeds.astype("int32")
+    if seed is None:
+        seed = int(np.random.SeedSequence().generate_state(1)[0] >> 1)
+    return np.random.default_rng(seed).integers(0, 2**31 - 1, count).astype("int32")
+
+
+def check_sampling(sampling_topk, sampling_temperature):
+    """The sampling settings of `Translator.translate` and the exports, checked."""
+    if isinstance(sampling_topk, bool) or not isinstance(sampling_topk, int) or sampling_topk < 0:
+        raise ValueError(f"top_k must be an integer >= 0. Received: top_k={sampling_topk!r}")
+    if not sampling_temperature > 0:
+        raise ValueError(f"temperature must be > 0. Received: temperature={sampling_temperature}")
+
+
+def per_sentence(value, count, name):
+    """`target_prefix` (one str for all, or one per sentence) as `count` strings, or
+    `banned` / `constraints` (a list of str for all, or one list per sentence) as
+    `count` lists of str; None stays None."""
+    if value is None:
+        return None
+    if name == "target_prefix":
+        rows = [value] * count if isinstance(value, str) else list(value)
+        rows = check_sentences(rows, name)
+    else:
+        if isinstance(value, (str, bytes)):
+            raise TypeError(f"{name} takes a list of words or phrases. Received: {value!r:.80}")
+        value = list(value)
+        if not value or all(isinstance(v, str) for v in value):
+            value = [value] * count
+        elif any(isinstance(row, (str, bytes)) for row in value):
+            raise TypeError(f"{name} takes a list of str, or one such list per sentence.")
+        rows = [check_sentences(list(row), name) for row in value]
+    if len(rows) != count:
+        raise ValueError(
+            f"{name} has {len(rows)} entries for {count} sentences: give one per sentence, "
+            f"or one {'str' if name == 'target_prefix' else 'list of str'} for all."
+        )
+    return rows
+
+
 def is_blank(text):
     """True for "" and whitespace-only text (translated to "" without the model)."""
     return not text.strip()

@@ -13,6 +13,8 @@ Example:
     translator = OnnxTranslator("saved_models/transformer_de_en/onnx/1")
     translator("Das Haus ist klein.")                       # beam 4, alpha 0.6
     translator.translate(["Das Haus ist klein."], beam_size=1)  # greedy
+    translator.translate(["Das Haus ist klein."], target_prefix="The", banned=["little"])
+    translator.translate(["Das Haus ist klein."], sampling_topk=10, seed=1)  # Translator's draws
     OnnxTranslator("saved_models/transformer_de_en/onnx/1", precision="int8")  # int8 products
 """
 
@@ -98,6 +100,12 @@ class OnnxTranslator:
         self.config = config["model"]
         self.beam_sizes = tuple(config["translate"]["beam_sizes"])
         self.defaults = dict(config["translate"]["defaults"])
+        # translate_steered.onnx, for `target_prefix`, `banned` and sampling (float32 only;
+        # None for older exports, which take text only).
+        self.steering = config["translate"].get("steering")
+        self._steered_path = None
+        if self.steering is not None:
+            self._steered_path = os.path.join(export_dir, self.steering["graph"])
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer. Received: {batch_size!r}")
         self.batch_size = batch_size
@@ -125,6 +133,18 @@ class OnnxTranslator:
         options.log_severity_level = 3
         options.register_custom_ops_library(onnxruntime_extensions.get_library_path())
         self.session = ort.InferenceSession(path, options, providers=list(providers))
+        self._session_settings = (options, list(providers))
+        self._steered_session = None
+
+    def steered_session(self):
+        """The session of translate_steered.onnx, created at the first steered call."""
+        if self._steered_session is None:
+            import onnxruntime as ort
+
+            options, providers = self._session_settings
+            self._steered_session = ort.InferenceSession(self._steered_path, options,
+                                                         providers=providers)  # fmt: skip
+        return self._steered_session
 
     @classmethod
     def load(cls, export_dir, **kwargs):
@@ -154,19 +174,60 @@ class OnnxTranslator:
             return self.translate([sentences], progress=progress)[0]
         return self.translate(sentences, progress=progress)
 
-    def run(self, sentences, beam_size=None, alpha=None, max_extra_length=None):
+    def run(self, sentences, beam_size=None, alpha=None, max_extra_length=None, **steering):
         """One graph run: `(B,)` strings -> `(B,)` translations, no batching or host checks.
 
         What a caller in another language does; the graph itself gives ""
-        for blank sentences and `[]` for an empty batch.
+        for blank sentences and `[]` for an empty batch. `steering`: any of
+        translate_steered.onnx's optional `target_prefix` (B,), `banned`
+        (B, N), `seeds` (B,), `sampling_topk` and `sampling_temperature` (the
+        module docstring of `export.onnx_graphs`), fed as they are to that
+        graph (float32, also for `precision="int8"`).
         """
         feeds = self._feeds(beam_size, alpha, max_extra_length)
+        steering = self._steering_feeds(**steering)
+        feeds.update(steering)
         feeds["sentences"] = np.array(sentences, dtype=object).reshape(-1)
-        (translations,) = self.session.run(["translations"], feeds)
+        session = self.steered_session() if steering else self.session
+        (translations,) = session.run(["translations"], feeds)
         return [t.decode("utf-8") if isinstance(t, bytes) else str(t) for t in translations]
 
+    def _steering_feeds(self, target_prefix=None, banned=None, seeds=None, sampling_topk=None,
+                        sampling_temperature=None):  # fmt: skip
+        """translate.onnx's steering inputs that are given, as arrays."""
+        given = dict(
+            target_prefix=target_prefix,
+            banned=banned,
+            seeds=seeds,
+            sampling_topk=sampling_topk,
+            sampling_temperature=sampling_temperature,
+        )
+        self._check_steering([name for name, value in given.items() if value is not None])
+        feeds = {}
+        if target_prefix is not None:
+            feeds["target_prefix"] = np.array(target_prefix, dtype=object).reshape(-1)
+        if banned is not None:
+            width = max([len(row) for row in banned] + [0])
+            rows = [list(row) + [""] * (width - len(row)) for row in banned]
+            feeds["banned"] = np.array(rows, dtype=object).reshape(len(rows), width)
+        if seeds is not None:
+            feeds["seeds"] = np.asarray(seeds, np.int32).reshape(-1)
+        if sampling_topk is not None:
+            feeds["sampling_topk"] = np.array(sampling_topk, np.int32)
+        if sampling_temperature is not None:
+            feeds["sampling_temperature"] = np.array(sampling_temperature, np.float32)
+        return feeds
+
+    def _check_steering(self, names):
+        if names and self.steering is None:
+            raise ValueError(
+                f"This export has no translate_steered.onnx for {sorted(names)}: it was "
+                "exported by an older version. Export the work directory again."
+            )
+
     def translate(self, sentences, progress=False, beam_size=None, alpha=None,
-                  max_extra_length=None, glossary=None):  # fmt: skip
+                  max_extra_length=None, glossary=None, target_prefix=None, banned=None,
+                  sampling_topk=1, sampling_temperature=1.0, seed=None):  # fmt: skip
         """A list of strings -> a list of translations, in the same order.
 
         Args:
@@ -177,6 +238,10 @@ class OnnxTranslator:
             glossary: None, or terms and their translations (`Translator.translate`'s
                 argument): annotated in the text here, before the graph
                 (`terminology.annotate`).
+            target_prefix, banned, sampling_topk, sampling_temperature, seed:
+                as `Translator.translate`, run in translate_steered.onnx (its
+                optional inputs; float32), with `Translator`'s outputs for the
+                same seed.
         """
         texts = frontend.check_sentences(sentences, "OnnxTranslator", accept_bytes=True)
         if glossary is not None:
@@ -184,12 +249,28 @@ class OnnxTranslator:
             texts = terminology.annotate_all(texts, glossary)
         settings = dict(beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length)
         self._feeds(**settings)  # fail before any batch runs
+        frontend.check_sampling(sampling_topk, sampling_temperature)
+        prefixes = frontend.per_sentence(target_prefix, len(texts), "target_prefix")
+        banned = frontend.per_sentence(banned, len(texts), "banned")
+        seeds = None
+        if sampling_topk != 1:
+            seeds = frontend.steering_seeds(seed, len(texts))
+            settings.update(sampling_topk=sampling_topk, sampling_temperature=sampling_temperature)
+        given = dict(target_prefix=prefixes, banned=banned, seeds=seeds)
+        self._check_steering([name for name, value in given.items() if value is not None])
         # Blank sentences translate to "" (the graph agrees) without taking a batch slot.
         lengths = [0 if frontend.is_blank(t) else len(t) for t in texts]
         outputs = [""] * len(texts)
 
         def run(batch):
-            translations = self.run([texts[i] for i in batch], **settings)
+            steering = {}
+            if prefixes is not None:
+                steering["target_prefix"] = [prefixes[i] for i in batch]
+            if banned is not None:
+                steering["banned"] = [banned[i] for i in batch]
+            if seeds is not None:
+                steering["seeds"] = seeds[batch]
+            translations = self.run([texts[i] for i in batch], **settings, **steering)
             for i, translation in zip(batch, translations, strict=True):
                 outputs[i] = translation
 

@@ -23,7 +23,7 @@ from keras_transformer.search import PAPER
 
 
 def parse_args(argv=None):
-    from keras_transformer.command_line import add_debug_flag
+    from keras_transformer.command_line import add_debug_flag, add_verbose_flag
 
     parser = argparse.ArgumentParser(
         prog="keras-transformer-translate", description=__doc__.split("\n\n")[0]
@@ -85,6 +85,20 @@ def parse_args(argv=None):
         "train.py --terminology copies into its output",
     )
     parser.add_argument(
+        "--banned",
+        metavar="WORD",
+        action="append",
+        help="a word or phrase no translation may hold (its pieces alone, as SentencePiece "
+        "splits it at the start of a word); repeat for more",
+    )
+    parser.add_argument(
+        "--constraint",
+        metavar="WORD",
+        action="append",
+        help="a word or phrase every translation must hold (dynamic beam allocation in the "
+        "beam search); repeat for more",
+    )
+    parser.add_argument(
         "--sampling-topk",
         type=int,
         default=1,
@@ -98,6 +112,7 @@ def parse_args(argv=None):
         "--seed", type=int, help="of --sampling-topk: the same input and seed, the same output"
     )
     add_debug_flag(parser)
+    add_verbose_flag(parser)
     return parser.parse_args(argv)
 
 
@@ -116,7 +131,10 @@ def main(argv=None):
 
 
 def _main(args):
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    from keras_transformer.command_line import configure_logging
+
+    # Warnings only, before TensorFlow loads: stdout is the translations.
+    configure_logging(args.verbose, "%(levelname)s: %(message)s", level=logging.WARNING)
     if args.plot_attention:
         from keras_transformer import visualize
 
@@ -161,6 +179,7 @@ def _main(args):
     options = dict(
         target_prefix=prefix, sampling_topk=args.sampling_topk,
         sampling_temperature=args.sampling_temperature, seed=args.seed, glossary=glossary,
+        banned=args.banned, constraints=args.constraint,
     )  # fmt: skip
     for translation in translator.translate(lines, progress=progress, **options):
         sys.stdout.write(translation + "\n")

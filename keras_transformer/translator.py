@@ -7,6 +7,7 @@ import numpy as np
 
 from keras_transformer import frontend, terminology
 from keras_transformer.decoding import compile_translate_ids
+from keras_transformer.frontend import steering_seeds
 from keras_transformer.sampling import sampler
 from keras_transformer.search import PAPER
 
@@ -30,6 +31,19 @@ def _as_text(value):
     if isinstance(value, np.ndarray):
         value = value.item()
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _phrases_array(phrases, batch, pad_id):
+    """`(len(batch), N, L)` int32 of the piece-id lists of the sentences `batch`
+    (`pad_id` after each, N and L at least 1), or a `(len(batch), 1, 1)` of `pad_id`."""
+    rows = [phrases[i] for i in batch] if phrases is not None else [[] for _ in batch]
+    count = max([len(row) for row in rows] + [1])
+    width = max([len(ids) for row in rows for ids in row] + [1])
+    array = np.full((len(batch), count, width), pad_id, dtype="int32")
+    for r, row in enumerate(rows):
+        for n, ids in enumerate(row):
+            array[r, n, : len(ids)] = ids
+    return array
 
 
 class Translator:
@@ -197,7 +211,7 @@ class Translator:
     def translate(
         self, sentences, progress=False, num_hypotheses=None, return_scores=False,
         target_prefix=None, sampling_topk=1, sampling_temperature=1.0, seed=None,
-        glossary=None,
+        glossary=None, banned=None, constraints=None,
     ):  # fmt: skip
         """A list of strings -> a list of translations, in the same order.
 
@@ -221,6 +235,18 @@ class Translator:
             sampling_temperature: float > 0: the logits are divided by it.
             seed: int, the draws of `sampling_topk`: the same sentences and
                 seed give the same outputs, in any batch; None draws a seed.
+                A list of ints is one seed per sentence, used as it is (what
+                the exports take: `steering_seeds(seed, count)` gives an int's).
+            banned: None, or words and phrases no translation may hold (a
+                negative constraint, in the search): a list of str for every
+                sentence, or a list of such lists, one per sentence. Each is
+                banned as the pieces SentencePiece gives it alone, its
+                word-initial form ("Haus" bans "▁Haus", not "Haus" inside
+                "Rathaus"); list other forms and casings you need.
+            constraints: None, or words and phrases every translation must
+                hold (positive lexical constraints), given as `banned` is:
+                dynamic beam allocation (Post & Vilar, 2018) in the beam
+                search; not with sampling; Keras only.
             glossary: None, or terms and their required translations (a dict
                 `{source: target}`, `(source, target)` pairs, a tab-separated
                 file's path or a `terminology.Glossary`): each term found in a
@@ -246,11 +272,15 @@ class Translator:
             sampler(None, *sampling)  # checks the two settings
         source_ids = self.encode(sentences)
         prefixes = self._prefix_ids(target_prefix, len(source_ids))
-        if sampling is not None or prefixes is not None:
-            if seed is None:
-                seed = int(np.random.SeedSequence().generate_state(1)[0] >> 1)
-            seeds = np.random.default_rng(seed).integers(0, 2**31 - 1, len(source_ids))
-            extras = (sampling, prefixes, seeds)
+        if constraints is not None and sampling is not None:
+            raise ValueError("Positive constraints need a search: leave out sampling_topk.")
+        phrases = [
+            self._phrase_ids(value, len(source_ids), name)
+            for name, value in (("banned", banned), ("constraints", constraints))
+        ]
+        if sampling is not None or prefixes is not None or any(p is not None for p in phrases):
+            seeds = steering_seeds(seed, len(source_ids))
+            extras = (sampling, prefixes, seeds, *phrases)
         else:
             extras = None
         if num_hypotheses is None and not return_scores:
@@ -282,31 +312,36 @@ class Translator:
         """`target_prefix` as a list of piece-id lists (None: no prefix)."""
         if target_prefix is None:
             return None
-        if isinstance(target_prefix, str):
-            target_prefix = [target_prefix] * count
-        target_prefix = frontend.check_sentences(list(target_prefix), "target_prefix")
-        if len(target_prefix) != count:
-            raise ValueError(
-                f"target_prefix has {len(target_prefix)} entries for {count} sentences: "
-                "give one per sentence, or one string for all."
-            )
+        target_prefix = frontend.per_sentence(target_prefix, count, "target_prefix")
         pieces = _as_lists(self.tokenizer.tokenize(target_prefix))
         return [ids if text.strip() else [] for text, ids in zip(target_prefix, pieces,
                                                                   strict=True)]  # fmt: skip
 
+    def _phrase_ids(self, phrases, count, name):
+        """`banned` or `constraints` as one list of piece-id lists per sentence (None: none)."""
+        rows = frontend.per_sentence(phrases, count, name)
+        if rows is None:
+            return None
+        flat = [p for row in rows for p in row if not frontend.is_blank(p)]
+        pieces = iter(_as_lists(self.tokenizer.tokenize(flat)) if flat else [])
+        return [[next(pieces) for p in row if not frontend.is_blank(p)] for row in rows]
+
     def _search_with(self, source_ids, num_hypotheses, extras, progress):
         """`translate_n_best`'s `(ids lists, scores)` per sentence with a forced
-        prefix and/or sampling (`extras`: `(sampling, prefixes, seeds)`);
-        without `num_hypotheses` the scores are absent (`(ids, None)`)."""
-        sampling, prefixes, seeds = extras
+        prefix, sampling, bans and/or positive constraints (`extras`: `(sampling,
+        prefixes, seeds, banned, constraints)`); without `num_hypotheses` the
+        scores are absent (`(ids, None)`)."""
+        sampling, prefixes, seeds, banned, constraints = extras
         search = self.search
         if sampling is not None:
             search = search.replace(beam_size=1)
-        key = (num_hypotheses, sampling, prefixes is not None)
+        key = (num_hypotheses, sampling, prefixes is not None, banned is not None,
+               constraints is not None)  # fmt: skip
         if key not in self._n_best:
             self._n_best[key] = compile_translate_ids(
                 self.model, **search.to_dict(), jit_compile=self.jit_compile,
                 num_hypotheses=num_hypotheses, sampling=sampling, prefix=prefixes is not None,
+                bans=banned is not None, constrained=constraints is not None,
             )  # fmt: skip
         run_search = self._n_best[key]
         n = num_hypotheses or 1
@@ -320,8 +355,9 @@ class Translator:
                 if prefixes:
                     padded[row, : len(prefixes[i])] = prefixes[i]
             result = run_search(
-                self._padded(source_ids, batch), seeds[batch].astype("int32"), padded
-            )
+                self._padded(source_ids, batch), seeds[batch].astype("int32"), padded,
+                _phrases_array(banned, batch, pad), _phrases_array(constraints, batch, pad),
+            )  # fmt: skip
             if num_hypotheses is None:
                 ids, scores = keras.ops.convert_to_numpy(result)[:, None], None
             else:

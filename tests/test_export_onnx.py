@@ -14,7 +14,7 @@ from export_fixtures import exported, loaded_work_dir
 pytestmark = pytest.mark.slow
 TOLERANCE = 1e-4
 FILES = ["config.json", "decoder_step.onnx", "encoder.onnx", "translate.onnx", "translate_int8.onnx",
-         "vocab.model"]  # fmt: skip
+         "translate_steered.onnx", "vocab.model"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")

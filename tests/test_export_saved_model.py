@@ -112,7 +112,7 @@ def test_layout_is_tf_serving_layout(export):
 def test_fresh_process_loads_without_project_code(fresh):
     assert fresh["project_modules"] == []
     assert fresh["signatures"] == sorted(
-        ["serving_default", "translate_greedy", "translate_ids", "greedy_ids"]
+        ["serving_default", "translate_greedy", "translate_ids", "greedy_ids", "translate_steered"]
     )
 
 

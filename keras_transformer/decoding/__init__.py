@@ -27,13 +27,16 @@ Output sequences hold the generated tokens without the start token, the
 end token included, and `pad_id` after it.
 
 The package, by job: `loop` (the loop's state helpers and the length
-penalty), `greedy` and `beam` (the two searches), `translate` (a model's
-source ids to output ids: limits, suppressed tokens, the compiled entry
-points and the uncached reference).
+penalty), `greedy` and `beam` (the two searches), `constrained` (beam
+search with positive lexical constraints, dynamic beam allocation),
+`translate` (a model's source ids to output ids: limits, suppressed
+tokens, the steering of `sampling`, the compiled entry points and the
+uncached reference).
 """
 
 from keras_transformer.decoding import loop
 from keras_transformer.decoding.beam import beam_search
+from keras_transformer.decoding.constrained import constrained_beam_search
 from keras_transformer.decoding.greedy import greedy_search
 from keras_transformer.decoding.loop import MIN_LENGTH, drops_finished, length_penalty
 from keras_transformer.decoding.translate import (
@@ -50,6 +53,7 @@ __all__ = [
     "NEG_INF",
     "beam_search",
     "compile_translate_ids",
+    "constrained_beam_search",
     "drops_finished",
     "greedy_search",
     "loop",

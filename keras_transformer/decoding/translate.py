@@ -7,6 +7,7 @@ from keras import ops
 
 from keras_transformer.decoding import loop
 from keras_transformer.decoding.beam import beam_search
+from keras_transformer.decoding.constrained import constrained_beam_search
 from keras_transformer.decoding.greedy import greedy_search
 from keras_transformer.decoding.loop import (
     MIN_LENGTH,
@@ -14,7 +15,7 @@ from keras_transformer.decoding.loop import (
     _is_negative,
     _write,
 )
-from keras_transformer.sampling import force_prefix, sampler
+from keras_transformer.sampling import ban_init, ban_sequences, force_prefix, sampler
 from keras_transformer.search import NEG_INF, PAPER
 
 
@@ -98,6 +99,8 @@ def translate_ids(
     sampling=None,
     seeds=None,
     length_ratio=PAPER.length_ratio,
+    banned_ids=None,
+    constraints=None,
 ):
     """Source ids to output ids with the model's key/value cache. Pure tensor code.
 
@@ -123,6 +126,12 @@ def translate_ids(
         sampling: optional `(temperature, top_k)`: draw each token (`sampler`)
             instead of searching; needs `seeds` and `beam_size=1`.
         seeds: `(B,)` int32, each sentence's seed for `sampling`.
+        banned_ids: optional `(B, N, L)` int, L >= 1: token sequences no
+            output may hold (`ban_sequences`), `pad_id` after a shorter one.
+        constraints: optional `(B, C, L)` int: token sequences every output
+            must hold (positive lexical constraints, `pad_id` after a shorter
+            one), found by dynamic beam allocation (`constrained_beam_search`;
+            beam search with the fixed-shape loop; not with `sampling`).
 
     Returns:
         `(B, T)` int32 ids: the best hypothesis without BOS, EOS included,
@@ -135,6 +144,8 @@ def translate_ids(
             "Sampling draws one output per sentence: it needs beam_size=1, no num_hypotheses, "
             f"and seeds. Received: beam_size={beam_size}, num_hypotheses={num_hypotheses}"
         )
+    if constraints is not None and sampling is not None:
+        raise ValueError("Positive constraints need a search: sampling cannot carry them.")
     if num_hypotheses is not None and not 1 <= num_hypotheses <= beam_size:
         raise ValueError(
             f"num_hypotheses must be between 1 and beam_size={beam_size}. "
@@ -148,6 +159,7 @@ def translate_ids(
         source_ids, max_extra_length, config.max_length, config.pad_id, length_ratio
     )
     drop_finished = loop.drops_finished() if drop_finished is None else drop_finished
+    drop_finished = drop_finished and constraints is None  # its loop keeps fixed shapes
     if drop_finished:  # a loop that may change shapes: the cache grows as it is filled
         from keras_transformer.model import GrowingCache
 
@@ -157,10 +169,22 @@ def translate_ids(
     search = dict(max_lengths=max_lengths, eos_id=config.eos_id, pad_id=config.pad_id,
                   drop_finished=drop_finished)  # fmt: skip
     step = suppress_tokens(model.decode_step, (config.pad_id, config.bos_id))
+    if banned_ids is not None:  # inside the prefix: a forced token is taken even if banned
+        cache = dict(cache, **ban_init(banned_ids, config.pad_id))
+        step = ban_sequences(step, config.pad_id)
     if prefix_ids is not None:
         prefix_ids = ops.cast(prefix_ids, "int32")
         cache = dict(cache, forced_ids=prefix_ids, forced_step=ops.zeros_like(start_ids))
         step = force_prefix(step, config.pad_id)
+    if constraints is not None:
+        sequences, scores = constrained_beam_search(
+            step, cache, start_ids, buffer_length, constraints=constraints,
+            beam_size=beam_size, alpha=alpha, shared=getattr(model, "SOURCE_CACHE", ()),
+            **search,
+        )  # fmt: skip
+        if num_hypotheses is not None:
+            return sequences[:, :num_hypotheses], scores[:, :num_hypotheses]
+        return sequences[:, 0]
     if beam_size == 1 and num_hypotheses is None:
         choose = None if sampling is None else sampler(seeds, *sampling)
         return greedy_search(step, cache, start_ids, buffer_length, choose=choose, **search)
@@ -186,10 +210,14 @@ def compile_translate_ids(
     sampling=None,
     prefix=False,
     length_ratio=PAPER.length_ratio,
+    bans=False,
+    constrained=False,
 ):
     """`translate_ids` compiled for the current backend: `fn(source_ids) -> ids`
     (with `num_hypotheses`: `-> (ids, scores)`). With `sampling` (`(temperature,
-    top_k)`) or `prefix`: `fn(source_ids, seeds (B,), prefix_ids (B, P)) -> ids`.
+    top_k)`), `prefix`, `bans` or `constrained`: `fn(source_ids, seeds (B,),
+    prefix_ids (B, P), banned_ids (B, N, L), constraints (B, C, L)) -> ids`, the
+    inputs of the steering not asked for ignored (pass None or anything).
 
     TensorFlow: one `tf.function` with an int32 `(None, None)` input
     signature (traced once for every batch size and source length), with
@@ -203,14 +231,16 @@ def compile_translate_ids(
         length_ratio=length_ratio,
         drop_finished=False if jit_compile else None,  # XLA: static shapes
     )  # fmt: skip
-    extra = sampling is not None or prefix
+    extra = sampling is not None or prefix or bans or constrained
 
-    def run(source_ids, seeds=None, prefix_ids=None):
+    def run(source_ids, seeds=None, prefix_ids=None, banned_ids=None, constraints=None):
         if not extra:
             return translate_ids(model, source_ids, **settings)
         return translate_ids(
             model, source_ids, **settings, sampling=sampling, seeds=seeds,
             prefix_ids=prefix_ids if prefix else None,
+            banned_ids=banned_ids if bans else None,
+            constraints=constraints if constrained else None,
         )  # fmt: skip
 
     backend = keras.backend.backend()
@@ -222,6 +252,8 @@ def compile_translate_ids(
             signature += [
                 tf.TensorSpec((None,), tf.int32, name="seeds"),
                 tf.TensorSpec((None, None), tf.int32, name="prefix_ids"),
+                tf.TensorSpec((None, None, None), tf.int32, name="banned_ids"),
+                tf.TensorSpec((None, None, None), tf.int32, name="constraints"),
             ]
         return tf.function(
             run,

@@ -7,6 +7,21 @@
         max_extra_length int32 ()          optional: output tokens beyond the source length (50)
      -> translations     string (B,)
 
+    translate_steered.onnx
+        the same inputs and output, and five more, each optional (a default
+        of the same name steers nothing): `Translator.translate`'s steering,
+        with its outputs for the same seeds (`OnnxTranslator.translate`'s
+        `target_prefix`, `banned`, `sampling_topk`, `sampling_temperature`, `seed`)
+        target_prefix    string (B,)       each output's first words ("": none)
+        banned           string (B, N)     words no output may hold ("": pads a row)
+        seeds            int32 (B,)        each sentence's seed for the sampling (0)
+        sampling_topk    int32 ()          1 searches (default); K > 1 or 0 samples
+        sampling_temperature float32 ()    of the sampling (1.0)
+        A second graph rather than optional inputs of translate.onnx: one
+        graph with both sets of searches took tf2onnx about twice the memory
+        to convert (the tiny test fixture's export was killed at 6.9 GB),
+        and translate.onnx stays as it was (its outputs and speed).
+
     translate_int8.onnx
         the same graph with int8 matrix products, each row of activations
         quantized on its own, so an output does not depend on its batch
@@ -42,6 +57,7 @@ B, S and T are dynamic; L (layers), N (heads), H (head size) are fixed.
 """
 
 import dataclasses
+import gc
 import json
 import logging
 import os
@@ -68,11 +84,24 @@ DECODER_INPUTS = (
 )  # fmt: skip
 DECODER_OUTPUTS = ("logits", "new_self_key", "new_self_value")
 TRANSLATE_INPUTS = ("sentences", "beam_size", "alpha", "max_extra_length")
+# translate_steered.onnx's steering inputs (config.json's `translate.steering`).
+STEERING_TEXT_INPUTS = (
+    "target_prefix", "banned", "seeds", "sampling_topk", "sampling_temperature"
+)  # fmt: skip
+# The search graph's steering inputs: onnx_text.text_to_text makes the first three from
+# `target_prefix`, `banned` and `seeds`; the last two are translate.onnx's own.
+STEERING_INPUTS = ("prefix_ids", "banned_ids", "sentence_seeds", "sampling_topk",
+                   "sampling_temperature")  # fmt: skip
+STEERING_DEFAULTS = {
+    "sampling_topk": np.array(1, np.int32),
+    "sampling_temperature": np.array(1.0, np.float32),
+}
 
 
 def _cache_spec(config, name):
     heads, head_size = config.num_heads, config.d_model // config.num_heads
-    return tf.TensorSpec([None, config.num_layers, None, heads, head_size], tf.float32, name=name)
+    shape = [None, config.num_decoder_layers, None, heads, head_size]
+    return tf.TensorSpec(shape, tf.float32, name=name)
 
 
 def encoder_function(model):
@@ -120,7 +149,7 @@ def decoder_step_function(model):
 
 
 def search_function(model, beam_sizes=(1, 4), stopping=PAPER.stopping, patience=PAPER.patience,
-                    length_ratio=PAPER.length_ratio):  # fmt: skip
+                    length_ratio=PAPER.length_ratio, steering=False):  # fmt: skip
     """`tf.function`: `decoding.translate_ids` with the search settings as inputs.
 
     Inputs: `source_ids` int32 (B, S); `beam_size` int32 scalar, one of
@@ -130,6 +159,13 @@ def search_function(model, beam_sizes=(1, 4), stopping=PAPER.stopping, patience=
     (the search's state has the beam size in its shapes); a beam size not
     in `beam_sizes` fails in the graph with a message naming them.
     `stopping`, `patience` and `length_ratio` are baked in (`search.SearchConfig`).
+
+    With `steering` (translate_steered.onnx's search), also `STEERING_INPUTS`:
+    `prefix_ids` int32 (B, P) and `banned_ids` int32 (B, N, L) (pad after
+    each; all pad: none), `sentence_seeds` int32 (B,), `sampling_topk` int32
+    and `sampling_temperature` float32 scalars; sampling (`sampling_topk != 1`)
+    and beam size 1 run one greedy loop that also samples, the other beam
+    sizes their beam search, each with the prefix and the bans.
     """
     if not beam_sizes or any(not isinstance(k, int) or k < 1 for k in beam_sizes):
         raise ValueError(f"beam_sizes must be positive integers. Received: {beam_sizes}")
@@ -142,15 +178,15 @@ def search_function(model, beam_sizes=(1, 4), stopping=PAPER.stopping, patience=
         tf.TensorSpec([], tf.int32, name="max_extra_length"),
     ]
 
-    @tf.function(input_signature=signature, autograph=False)
-    def search(source_ids, beam_size, alpha, max_extra_length):
+    def searches(source_ids, beam_size, alpha, max_extra_length):
+        """`select(sizes, **steering)`: the search of `beam_size` among `sizes`."""
         alpha = tf.maximum(alpha, 0.0)
         max_extra_length = tf.maximum(max_extra_length, 0)
 
-        def branch(k):
+        def branch(k, **steering):
             return lambda: translate_ids(
                 model, source_ids, k, alpha, max_extra_length, stopping=stopping,
-                patience=patience, length_ratio=length_ratio,
+                patience=patience, length_ratio=length_ratio, **steering,
             )  # fmt: skip
 
         def refuse():
@@ -163,15 +199,46 @@ def search_function(model, beam_sizes=(1, 4), stopping=PAPER.stopping, patience=
             name = "beam_size_must_be_one_of_" + "_or_".join(map(str, beam_sizes))
             return tf.gather(tf.zeros([1, 1], tf.int32), index, name=name)  # (1, 1), never
 
-        def select(sizes):  # nested conditionals: only the chosen search runs
+        def select(sizes, **steering):  # nested conditionals: only the chosen search runs
             if not sizes:
                 return refuse()
-            return tf.cond(tf.equal(beam_size, sizes[0]), branch(sizes[0]),
-                           lambda: select(sizes[1:]))  # fmt: skip
+            return tf.cond(tf.equal(beam_size, sizes[0]), branch(sizes[0], **steering),
+                           lambda: select(sizes[1:], **steering))  # fmt: skip
 
-        return {"target_ids": select(tuple(beam_sizes))}
+        return select, branch
 
-    return search
+    if not steering:
+
+        @tf.function(input_signature=signature, autograph=False)
+        def search(source_ids, beam_size, alpha, max_extra_length):
+            select, _ = searches(source_ids, beam_size, alpha, max_extra_length)
+            return {"target_ids": select(tuple(beam_sizes))}
+
+        return search
+
+    signature += [
+        tf.TensorSpec([None, None], tf.int32, name="prefix_ids"),
+        tf.TensorSpec([None, None, None], tf.int32, name="banned_ids"),
+        tf.TensorSpec([None], tf.int32, name="sentence_seeds"),
+        tf.TensorSpec([], tf.int32, name="sampling_topk"),
+        tf.TensorSpec([], tf.float32, name="sampling_temperature"),
+    ]
+
+    @tf.function(input_signature=signature, autograph=False)
+    def steered_search(source_ids, beam_size, alpha, max_extra_length, prefix_ids, banned_ids,
+                       sentence_seeds, sampling_topk, sampling_temperature):  # fmt: skip
+        select, branch = searches(source_ids, beam_size, alpha, max_extra_length)
+        forces = dict(prefix_ids=prefix_ids, banned_ids=banned_ids)
+        draws = dict(sampling=(sampling_temperature, sampling_topk), seeds=sentence_seeds)
+        # Sampling and greedy search share one loop (`sampling.sampler`).
+        target_ids = tf.cond(
+            tf.logical_or(tf.not_equal(sampling_topk, 1), tf.equal(beam_size, 1)),
+            branch(1, **forces, **draws),
+            lambda: select(tuple(k for k in beam_sizes if k != 1), **forces),
+        )
+        return {"target_ids": target_ids}
+
+    return steered_search
 
 
 def _sign_bit_bitcast(ctx, node, name, args):
@@ -239,15 +306,20 @@ def _convert(function, opset, check_feeds=()):
     import onnx
     import tf2onnx  # optional heavy dependency: imported only here
 
-    model_proto, _ = tf2onnx.convert.from_function(
-        function,
-        input_signature=function.input_signature,
-        opset=opset,
-        custom_op_handlers={
-            "Bitcast": (_sign_bit_bitcast, []),
-            "SelectV2": (_select_as_where, []),
-        },
-    )
+    from keras_transformer.export.tf2onnx_fixes import consumers_only
+
+    gc.collect()  # what the exports before this one left in reference cycles
+    with consumers_only():  # the search: 1.7-2.3 GB instead of 3.9 (tf2onnx_fixes)
+        model_proto, _ = tf2onnx.convert.from_function(
+            function,
+            input_signature=function.input_signature,
+            opset=opset,
+            custom_op_handlers={
+                "Bitcast": (_sign_bit_bitcast, []),
+                "SelectV2": (_select_as_where, []),
+            },
+        )
+    gc.collect()  # tf2onnx's graphs are reference cycles: 0.8 GB for the search
     raw = copy.deepcopy(model_proto) if check_feeds else None
     simplify(model_proto)
     onnx.checker.check_model(model_proto, full_check=True)
@@ -278,9 +350,10 @@ def _same_outputs(first, second, feeds):
     return True
 
 
-def _check_feeds(config, beam_sizes, defaults, count=2):
+def _check_feeds(config, beam_sizes, defaults, count=2, steering=False):
     """Inputs of the search graph to compare its raw and simplified forms on: random
-    ids of a few lengths (each row ending with EOS), every exported beam size."""
+    ids of a few lengths (each row ending with EOS), every exported beam size; with
+    `steering`, with and without a prefix and a ban, and sampling."""
     rng = np.random.default_rng(0)
     feeds = []
     for beam_size in beam_sizes:
@@ -294,11 +367,34 @@ def _check_feeds(config, beam_sizes, defaults, count=2):
                 "beam_size": np.array(beam_size, np.int32),
                 "alpha": defaults["alpha"],
                 "max_extra_length": np.array(4, np.int32),
+                **(_steering_feed(batch, config.pad_id) if steering else {}),
             })  # fmt: skip
+    if not steering:
+        return feeds
+    # A prefix and a ban in each search, and sampling.
+    for beam_size, topk in [(k, 1) for k in beam_sizes] + [(1, 0), (1, 3)]:
+        feed = dict(feeds[-1], beam_size=np.array(beam_size, np.int32))
+        batch = len(feed["source_ids"])
+        steering = _steering_feed(batch, config.pad_id)
+        steering["prefix_ids"][:, 0] = feed["source_ids"][:, 0]
+        steering["banned_ids"][:, 0, 0] = feed["source_ids"][:, 1]
+        steering["sentence_seeds"][:] = np.arange(batch) + 7
+        steering["sampling_topk"] = np.array(topk, np.int32)
+        feeds.append({**feed, **steering})
     return feeds
 
 
-def export_translate(model, vocab_path, path, search):
+def _steering_feed(batch, pad_id):
+    """The search graph's steering inputs that steer nothing, for a batch of `batch`."""
+    return {
+        "prefix_ids": np.full((batch, 1), pad_id, np.int32),
+        "banned_ids": np.full((batch, 1, 1), pad_id, np.int32),
+        "sentence_seeds": np.zeros(batch, np.int32),
+        **{name: value.copy() for name, value in STEERING_DEFAULTS.items()},
+    }
+
+
+def export_translate(model, vocab_path, path, search, steering=False):
     """Writes `translate.onnx` to `path`: strings in, strings out (see the module docstring).
 
     Args:
@@ -308,6 +404,8 @@ def export_translate(model, vocab_path, path, search):
         search: dict with `beam_size`, `alpha`, `max_extra_length`: the
             defaults of the optional inputs. Beam sizes 1 and `beam_size`
             are in the graph.
+        steering: write translate_steered.onnx instead: the same with the
+            optional steering inputs (`STEERING_TEXT_INPUTS`).
 
     Returns:
         dict of what config.json records about the graph.
@@ -325,16 +423,23 @@ def export_translate(model, vocab_path, path, search):
     }
     config = model.config
     search_graph = _convert(
-        search_function(model, beam_sizes, **rule), TRANSLATE_OPSET,
-        check_feeds=_check_feeds(config, beam_sizes, defaults),
+        search_function(model, beam_sizes, **rule, steering=steering), TRANSLATE_OPSET,
+        check_feeds=_check_feeds(config, beam_sizes, defaults, steering=steering),
     )  # fmt: skip
     with open(vocab_path, "rb") as f:
         vocab_model = f.read()
     translate = text_to_text(
-        search_graph, vocab_model, config.max_length, config.eos_id, config.pad_id, defaults
-    )
+        search_graph, vocab_model, config.max_length, config.eos_id, config.pad_id,
+        {**defaults, **STEERING_DEFAULTS} if steering else defaults,
+    )  # fmt: skip
     onnx.checker.check_model(translate)
     onnx.save(translate, path)
+    if steering:
+        return {
+            "graph": os.path.basename(path),
+            "inputs": list(TRANSLATE_INPUTS + STEERING_TEXT_INPUTS),
+            "defaults": {name: value.item() for name, value in STEERING_DEFAULTS.items()},
+        }
     return {
         "inputs": list(TRANSLATE_INPUTS),
         "outputs": ["translations"],
@@ -346,6 +451,7 @@ def export_translate(model, vocab_path, path, search):
 
 
 INT8_GRAPH = "translate_int8.onnx"
+STEERED_GRAPH = "translate_steered.onnx"
 
 
 def export_onnx(model, vocab_path, export_dir, opset=DEFAULT_OPSET, search=None):
@@ -379,6 +485,10 @@ def export_onnx(model, vocab_path, export_dir, opset=DEFAULT_OPSET, search=None)
     )
     translate["int8"] = quantize_translate(
         os.path.join(export_dir, "translate.onnx"), os.path.join(export_dir, INT8_GRAPH)
+    )
+    # Last: its conversion's memory is freed when the steered graph's starts.
+    translate["steering"] = export_translate(
+        model, vocab_path, os.path.join(export_dir, STEERED_GRAPH), search, steering=True
     )
     shutil.copyfile(vocab_path, os.path.join(export_dir, "vocab.model"))
     config = {

@@ -8,6 +8,8 @@
 
     sentences     string (B,)   UTF-8 text
     [beam_size, alpha, max_extra_length: the search graph's other inputs, with defaults]
+    [target_prefix string (B,), banned string (B, N), seeds int32 (B,): where the search
+     graph takes `prefix_ids`, `banned_ids` and `sentence_seeds` (`_steering`)]
  -> translations  string (B,)
 
 with the input and output rules of the SavedModel (`export/saved_model.py`):
@@ -106,6 +108,70 @@ def _source_ids(n, sentences, vocab_model, max_length, eos_id, pad_id, output):
     return n.op("Where", [n.op("Less", [positions, lengths]), gathered, tail], outputs=[output])
 
 
+# The search graph's steering inputs made here -> translate.onnx's inputs they come from.
+STEERING = {"prefix_ids": "target_prefix", "banned_ids": "banned", "sentence_seeds": "seeds"}
+_UNLIMITED = 1 << 40  # pieces kept of a prefix or a banned word: all (as `Translator`)
+
+
+def _per_sentence(n, values, filler, batch):
+    """`values (R,)` cut or filled with `filler` (a 1-element constant) to `batch (1,)`
+    rows: an input left out (its empty default) gives `filler` for every sentence."""
+    i64 = TensorProto.INT64
+    zeros = n.op("ConstantOfShape", [batch], value=helper.make_tensor("zero", i64, [1], [0]))
+    fillers = n.op("Gather", [filler, zeros], axis=0)  # (B,)
+    both = n.op("Concat", [values, fillers], axis=0)  # (R + B,)
+    return n.op("Slice", [both, n.const([0], i64), batch])  # (B,)
+
+
+def _phrases(n, strings, vocab_model, pad_id, output):
+    """`(R,)` strings -> `(R, L)` int32 pieces, `pad_id` after each, L >= 1: as
+    `saved_model.encode_phrases` (blank: no pieces; nothing cut)."""
+    empty = n.const([""], TensorProto.STRING, "empty_phrase")
+    strings = n.op("Where", [_is_blank(n, strings), empty, strings])
+    # `_source_ids` with EOS = PAD: the pieces, then at least one PAD column.
+    return _source_ids(n, strings, vocab_model, _UNLIMITED, pad_id, pad_id, output=output)
+
+
+def _steering(n, vocab_model, pad_id):
+    """translate.onnx's `target_prefix`, `banned` and `seeds` -> the search graph's
+    `prefix_ids (B, P)`, `banned_ids (B, N, L)` and `sentence_seeds (B,)`."""
+    i64 = TensorProto.INT64
+    batch = n.op("Shape", ["sentences"])  # (1,) B
+    prefixes = _per_sentence(n, "target_prefix", n.const([""], TensorProto.STRING), batch)
+    _phrases(n, prefixes, vocab_model, pad_id, output="prefix_ids")
+    words = n.op("Reshape", ["banned", n.const([-1], i64)])  # (B * N,)
+    ids = _phrases(n, words, vocab_model, pad_id, output=n.name("banned_flat"))  # (B * N, L)
+    count = n.op("Slice", [n.op("Shape", ["banned"]), n.const([1], i64), n.const([2], i64)])
+    width = n.op("Slice", [n.op("Shape", [ids]), n.const([1], i64), n.const([2], i64)])
+    shape = n.op("Concat", [batch, count, width], axis=0)  # (B, N, L)
+    banned = n.op("Reshape", [ids, shape], allowzero=1)  # N (or B) may be 0
+    # One more row of PAD (bans nothing), so that N >= 1: tf2onnx's reshapes in the
+    # search read a 0 in a shape as "copy this dimension".
+    one = n.const([1], i64)
+    pad = n.op("ConstantOfShape", [n.op("Concat", [batch, one, width], axis=0)],
+               value=helper.make_tensor("pad", TensorProto.INT32, [1], [pad_id]))  # fmt: skip
+    n.op("Concat", [banned, pad], outputs=["banned_ids"], axis=1)  # (B, N + 1, L)
+    n.op("Identity", [_per_sentence(n, "seeds", n.const([0], TensorProto.INT32), batch)],
+         outputs=["sentence_seeds"])  # fmt: skip
+
+
+def _steering_inputs():
+    """translate.onnx's steering inputs and their defaults: empty, so that a caller
+    may leave each out (it then steers nothing)."""
+    string, i32 = TensorProto.STRING, TensorProto.INT32
+    inputs = [
+        helper.make_tensor_value_info("target_prefix", string, ["prefix_batch"]),
+        helper.make_tensor_value_info("banned", string, ["banned_batch", "banned_count"]),
+        helper.make_tensor_value_info("seeds", i32, ["seeds_batch"]),
+    ]
+    defaults = [
+        helper.make_tensor("target_prefix", string, [0], []),
+        helper.make_tensor("banned", string, [0, 0], []),
+        helper.make_tensor("seeds", i32, [0], []),
+    ]
+    return inputs, defaults
+
+
 def _detokenize(n, target_ids, vocab_model, eos_id):
     """`(B, T)` int32 output ids -> `(B,)` strings: each row up to its first EOS, detokenized."""
     i64 = TensorProto.INT64
@@ -180,7 +246,10 @@ def text_to_text(search, vocab_model, max_length, eos_id, pad_id=0, defaults=Non
             "search must map `source_ids` to `target_ids`. Received: inputs="
             f"{names}, outputs={[o.name for o in graph.output]}"
         )
-    missing = sorted(set(names) - {"source_ids"} - set(defaults))
+    steered = [name for name in names if name in STEERING]
+    if steered and len(steered) != len(STEERING):
+        raise ValueError(f"search must take all of {sorted(STEERING)} or none. Received: {names}")
+    missing = sorted(set(names) - {"source_ids"} - set(STEERING) - set(defaults))
     if missing:
         raise ValueError(f"defaults must give a value for every other input. Missing: {missing}")
 
@@ -189,6 +258,8 @@ def text_to_text(search, vocab_model, max_length, eos_id, pad_id=0, defaults=Non
     head = n.nodes
     n.nodes = []
     _source_ids(n, "sentences", vocab_model, max_length, eos_id, pad_id, output="source_ids")
+    if steered:
+        _steering(n, vocab_model, pad_id)
     head += n.nodes
     n.nodes = []
     translations = _detokenize(n, "target_ids", vocab_model, eos_id)
@@ -196,10 +267,14 @@ def text_to_text(search, vocab_model, max_length, eos_id, pad_id=0, defaults=Non
          outputs=["translations"])  # fmt: skip
 
     inputs = [helper.make_tensor_value_info("sentences", TensorProto.STRING, ["batch"])]
-    inputs += [i for i in graph.input if i.name != "source_ids"]
+    inputs += [i for i in graph.input if i.name != "source_ids" and i.name not in STEERING]
     default_tensors = [
         numpy_helper.from_array(np.asarray(value), name) for name, value in defaults.items()
     ]
+    if steered:
+        steering_inputs, steering_defaults = _steering_inputs()
+        inputs += steering_inputs
+        default_tensors += steering_defaults
     outputs = [helper.make_tensor_value_info("translations", TensorProto.STRING, ["batch"])]
     wrapped = helper.make_graph(
         head + list(graph.node) + n.nodes,

@@ -8,9 +8,21 @@ and no project code, and runs in the `tensorflow/serving` image:
     translate_greedy   sentences (string [B])      -> translations (string [B])   greedy
     translate_ids      source_ids (int32 [B, S])   -> target_ids (int32 [B, T])   beam search
     greedy_ids         source_ids (int32 [B, S])   -> target_ids (int32 [B, T])   greedy
+    translate_steered  sentences (string [B]),                 -> translations (string [B])
+                       target_prefix (string [B]),  "" for none
+                       banned (string [B, N]),      "" for none
+                       seeds (int32 [B]),
+                       sampling_topk (int32 []),    1: the beam search; K > 1 or 0: sampling
+                       sampling_temperature (float32 [])
 
 `source_ids` are SentencePiece ids ending with EOS, padded with 0;
 `target_ids` hold the output without BOS, EOS included, 0 after it.
+`translate_steered` is `Translator.translate`'s `target_prefix`, `banned`,
+`sampling_topk`, `sampling_temperature` and a seed per sentence (`seed=[...]`,
+or `translator.steering_seeds(seed, B)` for an int's), with the same outputs;
+the prefix and the banned words are tokenized in the graph as `Translator`
+tokenizes them (a banned word bans its word-initial pieces). The other
+signatures do not change: TF Serving's text-only `serving_default` stays as it is.
 """
 
 import json
@@ -23,7 +35,9 @@ from keras_transformer import frontend
 from keras_transformer.decoding import translate_ids
 from keras_transformer.search import PAPER, SearchConfig
 
-SIGNATURES = ("serving_default", "translate_greedy", "translate_ids", "greedy_ids")
+SIGNATURES = (
+    "serving_default", "translate_greedy", "translate_ids", "greedy_ids", "translate_steered"
+)  # fmt: skip
 
 
 def encode_sentences(tokenizer, sentences, max_source_length, eos_id, pad_id=0):
@@ -59,6 +73,40 @@ def is_blank(sentences):
     """`(B,)` bool: empty or whitespace-only (`not sentence.strip()` in Python)."""
     valid = tf.strings.unicode_transcode(sentences, "UTF-8", "UTF-8", errors="replace")
     return tf.strings.regex_full_match(valid, _BLANK)
+
+
+def encode_phrases(tokenizer, phrases, pad_id=0):
+    """`(R,)` strings -> `(R, L)` int32 piece ids, `pad_id` after each, L >= 1: prefixes
+    and banned words as `Translator` tokenizes them (no EOS, blank -> no pieces)."""
+    phrases = tf.strings.unicode_transcode(
+        phrases, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD
+    )
+    phrases = tf.strings.regex_replace(phrases, r"\x00", "")  # frontend.clean
+    phrases = tf.where(is_blank(phrases), "", phrases)
+    pieces = tf.cast(tokenizer(phrases), tf.int32)  # ragged (R, None)
+    return at_least_one_column(pieces.to_tensor(default_value=pad_id), pad_id)
+
+
+def steered_ids(model, source_ids, beam_size, prefix_ids, banned_ids, seeds, sampling_topk,
+                sampling_temperature, **search):  # fmt: skip
+    """`translate_ids` with every steering input a tensor: sampling (the greedy loop)
+    where `sampling_topk != 1`, else the search of `beam_size`; the prefix and the
+    bans in both (all `pad_id`: none)."""
+
+    def greedy_or_sampled():
+        return translate_ids(
+            model, source_ids, 1, **search, prefix_ids=prefix_ids, banned_ids=banned_ids,
+            sampling=(sampling_temperature, sampling_topk), seeds=seeds,
+        )  # fmt: skip
+
+    if beam_size == 1:
+        return greedy_or_sampled()
+
+    def beam():
+        return translate_ids(model, source_ids, beam_size, **search, prefix_ids=prefix_ids,
+                             banned_ids=banned_ids)  # fmt: skip
+
+    return tf.cond(tf.equal(sampling_topk, 1), beam, greedy_or_sampled)
 
 
 def decode_ids(tokenizer, target_ids, eos_id):
@@ -125,8 +173,31 @@ def export_saved_model(
 
         return translate
 
+    def steered(sentences, target_prefix, banned, seeds, sampling_topk, sampling_temperature):
+        sentences = tf.ensure_shape(sentences, [None])
+        source_ids = encode_sentences(
+            tokenizer, sentences, config.max_length, config.eos_id, config.pad_id
+        )
+        prefix_ids = encode_phrases(tokenizer, target_prefix, config.pad_id)  # (B, P)
+        shape = tf.shape(banned)  # (B, N)
+        banned_ids = encode_phrases(tokenizer, tf.reshape(banned, [-1]), config.pad_id)
+        banned_ids = tf.reshape(banned_ids, [shape[0], shape[1], tf.shape(banned_ids)[1]])
+        target_ids = steered_ids(
+            model, source_ids, beam_size, prefix_ids, banned_ids, seeds, sampling_topk,
+            sampling_temperature, **search,
+        )  # fmt: skip
+        translations = decode_ids(tokenizer, target_ids, config.eos_id)
+        return {"translations": tf.where(is_blank(sentences), "", translations)}
+
     text = [tf.TensorSpec([None], tf.string, name="sentences")]
     ids = [tf.TensorSpec([None, None], tf.int32, name="source_ids")]
+    steering = text + [
+        tf.TensorSpec([None], tf.string, name="target_prefix"),
+        tf.TensorSpec([None, None], tf.string, name="banned"),
+        tf.TensorSpec([None], tf.int32, name="seeds"),
+        tf.TensorSpec([], tf.int32, name="sampling_topk"),
+        tf.TensorSpec([], tf.float32, name="sampling_temperature"),
+    ]
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.track(tokenizer)
@@ -134,6 +205,7 @@ def export_saved_model(
     archive.add_endpoint("translate_greedy", text_to_text(1), input_signature=text)
     archive.add_endpoint("translate_ids", ids_to_ids(beam_size), input_signature=ids)
     archive.add_endpoint("greedy_ids", ids_to_ids(1), input_signature=ids)
+    archive.add_endpoint("translate_steered", steered, input_signature=steering)
     archive.write_out(export_dir, verbose=False)
     # assets.extra/ is TF Serving's place for files next to a SavedModel; it ignores them.
     os.makedirs(os.path.join(export_dir, "assets.extra"), exist_ok=True)
