@@ -5,7 +5,9 @@ test_onnx_translate.py and test_serving_bad_input.py: a SentencePiece model
 on synthetic text, a "tiny" Transformer fitted for a few seconds on a copy task (so greedy and
 beam outputs differ from sentence to sentence and end with EOS), and one
 `export_all` of it. Results are cached in this module, so every test file
-shares one export.
+shares one export. `shipped` is a second export of the same weights with the
+`cpu` preset's search and a tight output limit recorded in run.json
+(test_output_limit.py, test_shipped_search.py).
 """
 
 import dataclasses
@@ -132,6 +134,48 @@ def exported(tmp_path_factory):
         paths = export_after_training(work_dir, run_info, output_dir=str(root / "saved_models"))
         _CACHE["exported"] = (work_dir, paths)
     return _CACHE["exported"]
+
+
+# The output limit the `shipped` run records beside the `cpu` preset's search: tighter
+# than a copy-task output as long as its source, so many outputs are cut at it (a
+# quarter of test_shipped_search.py's) and the rest end before it.
+SHIPPED_LIMIT = dict(length_ratio=0.5, max_extra_length=1)
+
+
+def shipped_search():
+    """The `SearchConfig` that `shipped` records: the `cpu` preset's (the default
+    training's test decode and exports: its stopping rule, patience and alpha) with
+    `SHIPPED_LIMIT`."""
+    from keras_transformer.training.options import TrainingConfig
+
+    return TrainingConfig(preset="cpu").resolved().search.replace(**SHIPPED_LIMIT)
+
+
+def shipped(tmp_path_factory):
+    """`(work_dir, paths)`: a copy of the tiny trained run whose run.json records
+    `shipped_search()`, as `train.py --preset cpu` records its own, exported to the
+    SavedModel, ONNX and CTranslate2 once per session (test_output_limit.py and
+    test_shipped_search.py share it)."""
+    if "shipped" not in _CACHE:
+        import shutil
+
+        from keras_transformer import workdir
+        from keras_transformer.export import export_all
+
+        work_dir = str(tmp_path_factory.mktemp("shipped") / "work")
+        shutil.copytree(trained(tmp_path_factory), work_dir)
+        path = os.path.join(work_dir, "run.json")
+        with open(path) as f:
+            run_info = json.load(f)
+        run_info["metrics"].update(shipped_search().to_dict())
+        with open(path, "w") as f:
+            json.dump(run_info, f)
+        root = str(tmp_path_factory.mktemp("shipped_exports"))
+        search = workdir.read_search(work_dir)  # what export_after_training and the CLI pass
+        paths = export_all(work_dir, output_dir=root, formats=("saved_model", "onnx",
+                                                               "ctranslate2"), search=search)  # fmt: skip
+        _CACHE["shipped"] = (work_dir, paths)
+    return _CACHE["shipped"]
 
 
 def held_out_sentences(count, seed=7):

@@ -8,14 +8,12 @@ run.json records a ratio and a slack exports them to every format, and each
 path then cuts the same outputs at the same lengths.
 """
 
-import json
 import math
 import os
-import shutil
 
 import numpy as np
 import pytest
-from export_fixtures import held_out_sentences, onnx_jobs, trained
+from export_fixtures import held_out_sentences, onnx_jobs, shipped
 from keras import ops
 
 from keras_transformer.search import (
@@ -68,23 +66,10 @@ def test_the_tensor_limits_are_the_formula(ratio):
 
 @pytest.fixture(scope="module")
 def limited(tmp_path_factory):
-    """The shared tiny run with a tight recorded limit (0.5 x source + 1), exported."""
-    from keras_transformer import workdir
-    from keras_transformer.export import export_all
-
-    source = trained(tmp_path_factory)
-    work_dir = str(tmp_path_factory.mktemp("limited") / "work")
-    shutil.copytree(source, work_dir)
-    path = os.path.join(work_dir, "run.json")
-    with open(path) as f:
-        run_info = json.load(f)
-    run_info["metrics"].update(length_ratio=0.5, max_extra_length=1)
-    with open(path, "w") as f:
-        json.dump(run_info, f)
-    root = str(tmp_path_factory.mktemp("limited_exports"))
-    formats = ("saved_model", "onnx", "ctranslate2")
-    search = workdir.read_search(work_dir)  # what export_after_training and the CLI pass
-    return work_dir, export_all(work_dir, output_dir=root, formats=formats, search=search)
+    """The shared tiny run with a tight recorded limit (0.5 x source + 1) and the `cpu`
+    preset's search, exported (`export_fixtures.shipped`, shared with
+    test_shipped_search.py)."""
+    return shipped(tmp_path_factory)
 
 
 def test_a_recorded_limit_cuts_the_same_outputs_on_every_path(limited):

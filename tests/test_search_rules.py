@@ -6,7 +6,10 @@
   rows short), and finished rows really leave the loop.
 - Both stopping rules equal a plain-Python beam search written from their
   definitions (`reference_beam_search`), on a toy model whose logits depend
-  on the whole history.
+  on the whole history; on a toy small enough that the beam keeps every
+  hypothesis, `"k_finished"`'s answer is read off the sorted list of all
+  outputs (which ends count, when a sentence stops: ceil of K x patience).
+  The shipped search through the exports: test_shipped_search.py.
 - The hypotheses of a sentence share its cache entries named in `shared`
   (the cross-attention keys and values): the beam never tiles or reorders
   them, it only drops the rows of stopped sentences.
@@ -168,6 +171,89 @@ def test_the_rules_differ_where_k_finished_stops_first():
         assert first[1][0] <= bound[1][0] + 1e-9  # the bound's answer is the best
         differ += first[0][0] != bound[0][0]
     assert differ > 0
+
+
+def _k_finished_from_all_outputs(logits_after, offset, vocab_size, k, alpha, limit, needed):
+    """`"k_finished"`'s answer for one sentence, read off the sorted list of all outputs.
+
+    At step t the continuations are every sequence of t + 1 tokens that did not end
+    before (none starts with EOS: `decoding.MIN_LENGTH`), sorted by log-probability;
+    an end (EOS, or any sequence at the limit) counts when it ranks among the K best
+    of its step (at the limit, always), and the search stops at the first step by
+    which `needed` ends have counted. The answer: the counted ends' K best scores
+    under the length penalty, best first. This holds where the beam keeps every
+    hypothesis (at most 2K continuations and K that go on, before the limit:
+    asserted).
+
+    Returns `(answer, stop_step, per_step)`: answer a list of `(sequence, score)`,
+    per_step `(ends counted, ends)` of each step run.
+    """
+
+    def log_prob(sequence):
+        return sum(_log_softmax(logits_after(sequence[:i], offset))[token]
+                   for i, token in enumerate(sequence))  # fmt: skip
+
+    counted, per_step, prefixes = [], [], [()]
+    for step in range(limit):
+        sequences = [p + (v,) for p in prefixes for v in range(vocab_size)
+                     if step >= decoding.MIN_LENGTH or v != EOS]  # fmt: skip
+        at_limit = step + 1 == limit
+        going_on = [s for s in sequences if s[-1] != EOS]
+        assert at_limit or (len(sequences) <= 2 * k and len(going_on) <= k)
+        ranked = sorted(sequences, key=log_prob, reverse=True)
+        ends = [rank for rank, s in enumerate(ranked) if s[-1] == EOS or at_limit]
+        counts = [rank for rank in ends if rank < k or at_limit]
+        penalty = ((5.0 + step + 1) / 6.0) ** alpha
+        counted += [(ranked[rank], log_prob(ranked[rank]) / penalty) for rank in counts]
+        per_step.append((len(counts), len(ends)))
+        if len(counted) >= needed or at_limit:
+            break
+        prefixes = going_on
+    return sorted(counted, key=lambda c: -c[1])[:k], step, per_step
+
+
+@pytest.mark.multibackend
+@pytest.mark.parametrize("alpha", [0.0, 1.5])
+# ceil(K x patience) ends stop a sentence: 16 x 0.2 = 3.2 needs 4 (CTranslate2 rounds to 3).
+@pytest.mark.parametrize("patience, needed", [(1 / 16, 1), (0.2, 4), (0.25, 4), (0.3, 5)])
+def test_k_finished_on_an_exhaustive_toy(alpha, patience, needed):
+    """A vocabulary of 5 and 3 tokens: beam 16 keeps every hypothesis, so what
+    `"k_finished"` returns follows from the sorted list of all outputs
+    (`_k_finished_from_all_outputs`): the stopping step from the count of ends ranked
+    among the K best of their step, the K best of them under the length penalty. Forty
+    sentences, some stopping after their second token and some at the limit, some with
+    an end that ranks below the K best and does not count."""
+    vocab_size, k, limit = 5, 16, 3
+    tokens_to_logits, logits_after = _toy(vocab_size, k, seed=5)
+    offsets = np.arange(40, dtype="int32")
+    cache = {"history": ops.zeros((len(offsets),), dtype="int32"), "offset": offsets}
+    sequences, scores = beam_search(
+        tokens_to_logits, cache, ops.full((len(offsets),), BOS, dtype="int32"), limit,
+        eos_id=EOS, beam_size=k, alpha=alpha, pad_id=PAD, stopping="k_finished",
+        patience=patience, shared=("offset",),
+    )  # fmt: skip
+    sequences, scores = ops.convert_to_numpy(sequences), ops.convert_to_numpy(scores)
+    stops, counted_at_second, uncounted = [], [], 0
+    for row, offset in enumerate(offsets):
+        answer, stop, per_step = _k_finished_from_all_outputs(
+            logits_after, int(offset), vocab_size, k, alpha, limit, needed
+        )
+        stops.append(stop)
+        counted_at_second.append(per_step[1][0])
+        uncounted += per_step[1][0] < per_step[1][1]
+        np.testing.assert_allclose(scores[row, : len(answer)], [s for _, s in answer], atol=1e-4)
+        assert np.all(scores[row, len(answer) :] < NEG_INF / 2)  # no more ends counted
+        for got, (want, _) in zip(sequences[row, : len(answer)], answer, strict=True):
+            assert tuple(int(t) for t in got[: len(want)]) == want, (row, got, want)
+            assert np.all(got[len(want) :] == PAD)
+        assert np.all(sequences[row, len(answer) :] == PAD)  # the slots no end filled
+    # The toy exercises the rule: ends ranked below the K best exist (they do not count);
+    # one counted end stops sentences after their second token; at 4 needed some stop
+    # there and some run to the limit (at 5, all); at 0.2 some have exactly 3 counted
+    # (which run to the limit: ceil, not round).
+    assert uncounted > 0
+    assert (1 in stops) == (needed <= 4) and (needed == 1 or limit - 1 in stops), stops
+    assert patience != 0.2 or 3 in counted_at_second
 
 
 def _counting(tokens_to_logits, rows_seen):
