@@ -16,9 +16,12 @@ The search: greedy is the package's greedy search exactly (the same
 per-sentence length limit, EOS barred as the first token, padding and BOS
 never produced). Beam search is CTranslate2's: its length penalty divides
 the log-probability by `length ** alpha`, where the package's (the paper's,
-GNMT's) divides by `((5 + length) / 6) ** alpha`, and it stops a sentence
-when `beam_size` hypotheses have finished; with `alpha=0` both rank by the
-log-probability alone.
+GNMT's) divides by `((5 + length) / 6) ** alpha` (the length counts EOS on
+both sides); it stops a sentence once `round(beam_size * patience)`
+hypotheses have finished (the package's `k_finished` rounds up), and with
+`alpha=0` as soon as its best continuation ends; it normalizes its first
+step's scores after barring EOS (ours before). Where outputs differ and why:
+tests/test_shipped_search.py.
 """
 
 import json
@@ -138,8 +141,8 @@ class CTranslate2Translator:
         and what benchmarks/serving.py times; a beam output may then depend
         on the other sentences of its batch.
 
-        CTranslate2 stops a sentence's beam once `beam_size * patience`
-        hypotheses have finished: the package's `stopping="k_finished"`
+        CTranslate2 stops a sentence's beam once `round(beam_size * patience)`
+        hypotheses have finished: the package's `stopping="k_finished"` (which rounds up)
         (with CTranslate2's own length penalty, `length ** alpha`). It has
         no `"bound"` rule, so that setting searches as `"k_finished"` here.
 
