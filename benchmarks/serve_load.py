@@ -99,38 +99,41 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _rss_mib(pid):
-    """Resident memory of the server and its worker processes (their sum), in MiB."""
+def _tree_sum(pid, read):
+    """`read(pid)` summed over a process and its living descendants (`/proc`)."""
     total, pids = 0.0, [pid]
     while pids:
         current = pids.pop()
         try:
-            with open(f"/proc/{current}/status") as f:
-                total += sum(int(x.split()[1]) for x in f if x.startswith("VmRSS:")) / 1024
+            total += read(current)
             for task in os.listdir(f"/proc/{current}/task"):
                 with open(f"/proc/{current}/task/{task}/children") as f:
                     pids.extend(int(child) for child in f.read().split())
         except (FileNotFoundError, ProcessLookupError):
             continue
     return total
+
+
+def _rss_mib(pid):
+    """Resident memory of the server and its worker processes (their sum), in MiB."""
+
+    def rss(current):
+        with open(f"/proc/{current}/status") as f:
+            return sum(int(x.split()[1]) for x in f if x.startswith("VmRSS:")) / 1024
+
+    return _tree_sum(pid, rss)
 
 
 def _tree_cpu_seconds(pid):
     """User + system CPU seconds of a process and its living descendants (a killed
     worker's time is lost with it, so a row with kills under-counts the server)."""
-    total, pids, tick = 0.0, [pid], os.sysconf("SC_CLK_TCK")
-    while pids:
-        current = pids.pop()
-        try:
-            with open(f"/proc/{current}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-            for task in os.listdir(f"/proc/{current}/task"):
-                with open(f"/proc/{current}/task/{task}/children") as f:
-                    pids.extend(int(child) for child in f.read().split())
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return total
+
+    def cpu(current):
+        with open(f"/proc/{current}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    return _tree_sum(pid, cpu)
 
 
 def _machine_busy_seconds():
