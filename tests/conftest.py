@@ -6,6 +6,7 @@ before TensorFlow initializes, so tests can run a real 2-replica
 torch (`make test` runs them with `KERAS_BACKEND=jax` and `=torch`).
 """
 
+import logging
 import os
 import tempfile
 
@@ -46,6 +47,17 @@ def _seed():
     keras.utils.set_random_seed(1234)
     np.random.seed(1234)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _package_log_level():
+    """A command's `main()` run in this process (`configure_logging`) sets the package
+    logger's level, WARNING for `translate`; without this, every later test's
+    `caplog` at INFO or DEBUG sees none of the package's records (CI's stop 59)."""
+    package = logging.getLogger("keras_transformer")
+    level = package.level
+    yield
+    package.setLevel(level)
 
 
 # `make test` installs every extra (KERAS_TRANSFORMER_REQUIRE_EXTRAS=1): there a test

@@ -46,7 +46,7 @@ def test_the_default_formats_are_the_installed_ones(monkeypatch, caplog):
         "find_spec",
         lambda name, *a: None if name == "ctranslate2" else find_spec(name, *a),
     )
-    with caplog.at_level("INFO"):
+    with caplog.at_level("INFO", logger=export.logger.name):
         assert export.installed_formats() == ("saved_model", "onnx")
     assert "pip install -e '.[ctranslate2]'" in caplog.text
 

@@ -121,6 +121,6 @@ def test_quantizing_logs_nothing(caplog):
     """ONNX Runtime's quantizer logged about 90 INFO lines per export through the root
     logger; this pass logs none."""
     model = _model(np.ones((K, N), np.float32))
-    with caplog.at_level(logging.DEBUG):
+    with caplog.at_level(logging.DEBUG), caplog.at_level(logging.DEBUG, "keras_transformer"):
         quantize_matmul_weights(model)
     assert caplog.records == []
