@@ -17,6 +17,7 @@ from keras_transformer.layers import (
 )
 from keras_transformer.layers.attention import padding_bias
 from keras_transformer.layers.block import layer_norm
+from keras_transformer.layers.decoder import decoder_groups
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.masks import PACKING_KEYS, same_segment_mask
 
@@ -350,7 +351,7 @@ class Transformer(keras.Model):
             `(logits (B, V) float32, cache)` with `index` advanced by one.
         """
         index = cache["index"]  # (B,)
-        x = self._embed(ops.cast(token_ids, "int32")[:, None], start_index=index)  # (B, 1, D)
+        x = self._embed(ops.cast(token_ids, "int32")[:, None], positions=index[:, None])
         self_keys, self_values = [], []
         for i, layer in enumerate(self.decoder_layers):
             x, (key, value) = layer.call_with_cache(
@@ -446,8 +447,10 @@ class GrowingCache:
         """`Transformer.decode_step` on this cache: `(logits (B, V) float32, cache)`."""
         model = self.model
         index = cache["index"]  # (B,)
-        x = model._embed(ops.cast(token_ids, "int32")[:, None], start_index=index)  # (B, 1, D)
+        # The step's position given as is (a `start_index` adds it to a cumulative sum).
+        x = model._embed(ops.cast(token_ids, "int32")[:, None], positions=index[:, None])
         keys, values = [], []
+        groups = decoder_groups(cache["cross_key"][0], index)  # once per step, not per layer
         for i, layer in enumerate(model.decoder_layers):
             x, (key, value) = layer.call_with_step_cache(
                 x,
@@ -456,6 +459,7 @@ class GrowingCache:
                 cross_key=cache["cross_key"][i],
                 cross_value=cache["cross_value"][i],
                 encoder_bias=cache["source_bias"],
+                groups=groups,
             )
             keys.append(key)
             values.append(value)

@@ -67,6 +67,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer.decoding import translate_ids
+from keras_transformer.export.onnx_fusions import fuse
 from keras_transformer.export.onnx_int8 import quantize_translate
 from keras_transformer.export.onnx_passes import simplify
 from keras_transformer.export.onnx_text import text_to_text
@@ -322,6 +323,7 @@ def _convert(function, opset, check_feeds=()):
     gc.collect()  # tf2onnx's graphs are reference cycles: 0.8 GB for the search
     raw = copy.deepcopy(model_proto) if check_feeds else None
     simplify(model_proto)
+    fuse(model_proto)
     onnx.checker.check_model(model_proto, full_check=True)
     if check_feeds and not _same_outputs(raw, model_proto, check_feeds):
         logger.warning(

@@ -557,7 +557,12 @@ class MultiHeadAttention(keras.layers.Layer):
         Returns:
             `(output (B, 1, D_out), (cache_key (B, N, H, t + 1), cache_value (B, N, t + 1, H_v)))`.
         """
-        key, value = self.compute_step_key_value(query)  # (B, N, H, 1), (B, N, 1, H_v)
+        key, value = self.compute_key_value(query)  # (B, 1, N, H), (B, 1, N, H_v)
+        # One position: the step layout's transposes are reshapes, which copy nothing
+        # and leave tf2onnx's transpose optimizer nothing to push through the append
+        # (it turned the key's transpose into two of the whole cache per step).
+        key = ops.reshape(key, (-1, self.num_heads, self.key_dim, 1))  # (B, N, H, 1)
+        value = ops.reshape(value, (-1, self.num_heads, 1, self.value_dim))  # (B, N, 1, H_v)
         cache_key = ops.concatenate([cache_key, key], axis=3)
         cache_value = ops.concatenate([cache_value, value], axis=2)
         output = self.call_with_step_key_value(query, cache_key, cache_value)

@@ -7,6 +7,19 @@ from keras_transformer.layers.block import TransformerBlock
 from keras_transformer.layers.masks import keras_mask, merge_masks
 
 
+def decoder_groups(cross_key, rows):
+    """`(sentences, K)`: the rows of a decoding step (`rows`, any tensor with them on
+    axis 0) are K consecutive hypotheses of each of `cross_key`'s sentences.
+
+    Python ints where the shapes are static (JAX, eager); tensors otherwise,
+    without a -1 in the shape they build (it is undefined for an empty batch).
+    """
+    sentences, count = keras.ops.shape(cross_key)[0], keras.ops.shape(rows)[0]
+    if isinstance(sentences, int) and isinstance(count, int):
+        return sentences, count // max(sentences, 1)
+    return sentences, count // keras.ops.maximum(sentences, 1)
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class DecoderLayer(TransformerBlock):
     """One decoder block: causal self-attention, cross-attention, feed-forward.
@@ -230,8 +243,9 @@ class DecoderLayer(TransformerBlock):
         )
 
     def call_with_step_cache(
-        self, inputs, self_key, self_value, cross_key=None, cross_value=None, encoder_bias=None
-    ):
+        self, inputs, self_key, self_value, cross_key=None, cross_value=None, encoder_bias=None,
+        groups=None,
+    ):  # fmt: skip
         """`call_with_cache` with caches in the step layout (inference only).
 
         The self-attention cache holds exactly the steps decoded so far and
@@ -247,6 +261,10 @@ class DecoderLayer(TransformerBlock):
                 `call_with_cache`; None for a decoder-only layer.
             encoder_bias: `(B / K, 1, 1, S)` float32,
                 `attention.padding_bias(encoder_padding_mask)`.
+            groups: optional `(B / K, K)` from `decoder_groups(cross_key, inputs)`,
+                computed once per step by a caller that runs several layers
+                (each layer computes them otherwise: a dozen shape nodes per
+                layer and step in an exported graph).
 
         Returns:
             `(outputs (B, 1, D), (self_key, self_value))`, the cache one step longer.
@@ -258,9 +276,10 @@ class DecoderLayer(TransformerBlock):
             lambda h: self.cross_attention.call_with_step_key_value(
                 h, cross_key, cross_value, bias=encoder_bias
             ),
+            groups,
         )
 
-    def _step(self, inputs, attend_self, cross_key, attend_cross):
+    def _step(self, inputs, attend_self, cross_key, attend_cross, groups=None):
         """The sublayers of one decoding step around the two attention calls given."""
         self._check_encoder_outputs(cross_key)
         inputs = keras.ops.convert_to_tensor(inputs)  # the residual adds it to a tensor
@@ -271,11 +290,7 @@ class DecoderLayer(TransformerBlock):
             h = self._sublayer_input(x, self.cross_attention_norm)  # (B*K, 1, D)
             # K hypotheses of a sentence share its keys and values (a beam search keeps
             # one row per sentence): they attend as K query positions of that sentence.
-            sentences, rows = keras.ops.shape(cross_key)[0], keras.ops.shape(h)[0]
-            if isinstance(sentences, int):  # static (JAX, eager): plain Python
-                group = rows // max(sentences, 1)
-            else:  # no -1 in the shape: it is undefined for an empty batch
-                group = rows // keras.ops.maximum(sentences, 1)
+            sentences, group = groups or decoder_groups(cross_key, h)
             h = keras.ops.reshape(h, (sentences, group, self.d_model))  # (B, K, D)
             h = attend_cross(h)
             h = keras.ops.reshape(h, (-1, 1, self.d_model))  # (B*K, 1, D)
