@@ -27,6 +27,22 @@ has), `"alpha"`, with `--engine ctranslate2` `"num_hypotheses": N`
 hypothesis only), and `"glossary": {"source term": "target term", ...}`
 (a model trained with `--terminology`: the terms are annotated in the
 sentences, `keras_transformer.terminology`, before they are queued).
+
+Steering fields (`Translator.translate`'s arguments): `"prefix"`, the start
+forced on each output (a string for every sentence or a list of one per
+sentence; in the row format also a row's named input, `{"sentences": "...",
+"prefix": "..."}`, and in the columnar one `"inputs": {"sentences": [...],
+"prefix": [...]}`), `"banned"` (a list of words or phrases no output holds),
+`"sampling_topk"` (0 or K > 1 samples; 1, the default, searches),
+`"sampling_temperature"` and `"seed"` (an int, from which each sentence's
+seed is drawn as `OnnxTranslator` draws them, or one int per sentence). A
+batch is keyed on the settings its graph takes once (`beam_size`, `alpha`,
+`num_hypotheses`, top-k, temperature) and on whether it is steered:
+requests with different prefixes, bans and seeds share one, each sentence
+with its own (`serving_queue`). The ONNX engine runs them in
+translate_steered.onnx (an export without it answers 400 naming it);
+CTranslate2 takes all but `"seed"` (400 naming the engine).
+
 Errors come as TF Serving's, `{"error": "..."}` with status 400 (404 for
 another model name), one line naming the problem; 503 with `Retry-After`
 when the queue is full (`--max-queue`) or when the worker translating the
@@ -73,27 +89,40 @@ class BadRequest(ValueError):
     """A request this server refuses: answered 400 with TF Serving's error shape."""
 
 
+ROW_INPUTS = {"sentences", "prefix"}  # the named inputs of a row (or of columnar inputs)
+
+
 def _sentences(body, max_sentences, max_characters):
-    """`(sentences, columnar)` of a predict body, checked: TF Serving's row
-    (`instances`) or columnar (`inputs`) format."""
+    """`(sentences, columnar, prefix)` of a predict body, checked: TF Serving's row
+    (`instances`) or columnar (`inputs`) format.
+
+    `prefix`: the named input "prefix", as given (a row's `{"sentences": ..., "prefix":
+    ...}`, None where a row has none; the columnar `"inputs": {"sentences": [...],
+    "prefix": ...}`), or None; `_prefixes` checks it."""
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object with 'instances' or 'inputs'.")
     if ("instances" in body) == ("inputs" in body):
         raise BadRequest("The request must have exactly one of 'instances' or 'inputs'.")
     columnar = "inputs" in body
     values = body["inputs"] if columnar else body["instances"]
+    prefix = None
     if columnar and isinstance(values, dict):
-        if set(values) != {"sentences"}:
-            raise BadRequest(f"'inputs' has one input, 'sentences'; got {sorted(values)}.")
+        if "sentences" not in values or not set(values) <= ROW_INPUTS:
+            raise BadRequest(
+                f"'inputs' has the input 'sentences' and optionally 'prefix'; got {sorted(values)}."
+            )
+        prefix = values.get("prefix")
         values = values["sentences"]
     if isinstance(values, str) and columnar:
         values = [values]
     if not isinstance(values, list):
         raise BadRequest(f"Expected a list of strings; got {type(values).__name__}.")
-    sentences = []
+    sentences, row_prefixes = [], []
     for i, value in enumerate(values):
-        if isinstance(value, dict) and set(value) == {"sentences"}:
-            value = value["sentences"]  # a row of named inputs
+        row_prefix = None
+        if isinstance(value, dict) and "sentences" in value and set(value) <= ROW_INPUTS:
+            row_prefix = value.get("prefix")  # a row of named inputs
+            value = value["sentences"]
         if not isinstance(value, str):
             raise BadRequest(f"Instance {i} is a {type(value).__name__}, not a string.")
         if len(value) > max_characters:
@@ -102,6 +131,7 @@ def _sentences(body, max_sentences, max_characters):
                 f"{max_characters} (--max-characters)."
             )
         sentences.append(value)
+        row_prefixes.append(row_prefix)
     if not sentences:
         raise BadRequest("No sentence to translate: the instances are empty.")
     if len(sentences) > max_sentences:
@@ -109,7 +139,9 @@ def _sentences(body, max_sentences, max_characters):
             f"{len(sentences)} sentences in one request; this server takes at most "
             f"{max_sentences} (--max-sentences)."
         )
-    return sentences, columnar
+    if any(p is not None for p in row_prefixes):
+        prefix = [p if p is not None else "" for p in row_prefixes]
+    return sentences, columnar, prefix
 
 
 def _settings(body, beam_sizes, default_beam, n_best=False):
@@ -139,6 +171,131 @@ def _settings(body, beam_sizes, default_beam, n_best=False):
             raise BadRequest(f"num_hypotheses must be an integer in [1, {beam}]; got {n!r}.")
         settings["num_hypotheses"] = n
     return settings
+
+
+def _prefixes(body, named, count, max_characters):
+    """The forced target prefixes, one per sentence, or None (none, or all blank): the
+    named input "prefix" (`named`, from `_sentences`) or the request's top-level
+    `"prefix"`, each a string for every sentence or a list of one string per sentence."""
+    value = body.get("prefix")
+    if named is not None:
+        if value is not None:
+            raise BadRequest("prefix is given twice: as a named input and as a request field.")
+        value = named
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value] * count
+    if not isinstance(value, list) or len(value) != count:
+        raise BadRequest(
+            f"prefix must be a string or a list of one string per sentence ({count}); "
+            f"got {json.dumps(value)[:80]}."
+        )
+    for i, prefix in enumerate(value):
+        if not isinstance(prefix, str):
+            raise BadRequest(f"prefix {i} is a {type(prefix).__name__}, not a string.")
+        if len(prefix) > max_characters:
+            raise BadRequest(
+                f"prefix {i} has {len(prefix)} characters; this server takes at most "
+                f"{max_characters} (--max-characters)."
+            )
+    return None if all(not p.strip() for p in value) else value
+
+
+def _banned(body, max_characters):
+    """The request's banned words and phrases (non-blank), or None."""
+    value = body.get("banned")
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(word, str) for word in value):
+        raise BadRequest(
+            f"banned must be a list of words or phrases (strings); got {json.dumps(value)[:80]}."
+        )
+    for word in value:
+        if len(word) > max_characters:
+            raise BadRequest(
+                f"banned has a word of {len(word)} characters; this server takes at most "
+                f"{max_characters} (--max-characters)."
+            )
+    words = [word for word in value if word.strip()]
+    return words or None
+
+
+def _sampling(body, count):
+    """`(settings, seeds)`: `sampling_topk` and `sampling_temperature` (the batch's; {}
+    without sampling), and the request's `"seed"` as one seed per sentence, drawn as
+    `Translator` and `OnnxTranslator` draw them (`frontend.steering_seeds`), or None."""
+    topk = body.get("sampling_topk", 1)
+    if topk is None:
+        topk = 1
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 0:
+        raise BadRequest(
+            "sampling_topk must be an integer >= 0 (0: sample among all tokens; 1: no "
+            f"sampling); got {topk!r}."
+        )
+    temperature, seed = body.get("sampling_temperature"), body.get("seed")
+    if topk == 1:
+        for name, value in (("sampling_temperature", temperature), ("seed", seed)):
+            if value is not None:
+                raise BadRequest(f"{name} applies to sampling only: give sampling_topk 0 or > 1.")
+        return {}, None
+    if temperature is None:
+        temperature = 1.0
+    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+            or not 0 < temperature < float("inf")):  # fmt: skip
+        raise BadRequest(f"sampling_temperature must be a number > 0; got {temperature!r}.")
+    settings = {"sampling_topk": topk, "sampling_temperature": float(temperature)}
+    if seed is None:
+        return settings, None
+    if isinstance(seed, list):
+        if len(seed) != count or not all(
+            isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**31 for s in seed
+        ):
+            raise BadRequest(
+                f"seed must be an integer >= 0 or a list of {count} integers in [0, 2**31), "
+                f"one per sentence; got {json.dumps(seed)[:80]}."
+            )
+        return settings, list(seed)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise BadRequest(f"seed must be an integer >= 0 or a list of {count}; got {seed!r}.")
+    return settings, seed
+
+
+def _steering(body, named_prefix, count, supported, engine, max_characters):
+    """`(settings, rows)` of a request's steering fields, checked: `settings` are the
+    batch's (sampling's top-k and temperature: a request shares a batch only with
+    requests with the same), `rows` the per-sentence steering (`target_prefix`,
+    `banned`, `seed`: requests with different rows share a batch), or None.
+
+    `supported`: the fields this engine takes (`LoadedTranslator.steering`)."""
+    from keras_transformer import frontend
+
+    prefixes = _prefixes(body, named_prefix, count, max_characters)
+    banned = _banned(body, max_characters)
+    settings, seed = _sampling(body, count)
+    given = [name for name, value in (("prefix", prefixes), ("banned", banned),
+                                      ("sampling_topk", settings or None), ("seed", seed))
+             if value is not None]  # fmt: skip
+    missing = [name for name in given if name not in supported]
+    if missing and engine == "onnx":
+        raise BadRequest(
+            f"This export has no translate_steered.onnx, the graph that {missing[0]} needs: "
+            "it was exported by an older version; export the work directory again."
+        )
+    if missing:
+        reason = {"seed": ": its sampling draws from CTranslate2's own generator, without "
+                  "per-sentence seeds; sample without a seed, or serve --engine onnx"}  # fmt: skip
+        raise BadRequest(
+            f"{missing[0]} is not supported by --engine {engine}{reason.get(missing[0], '')}."
+        )
+    rows = {}
+    if prefixes is not None:
+        rows["target_prefix"] = prefixes
+    if banned is not None:
+        rows["banned"] = [banned] * count
+    if settings and "seed" in supported:  # seeds drawn here: a request's, not its batch's
+        rows["seed"] = frontend.steering_seeds(seed, count).tolist()
+    return settings, rows or None
 
 
 def _glossary(body, has_tags):
@@ -210,6 +367,7 @@ def make_app(model_name, server, limits, engine, metrics, access_log=True):
                        "runtime": info.get("runtime"), "beam_sizes": info.get("beam_sizes"),
                        "default_beam_size": info.get("default_beam"), "limits": limits,
                        "glossary": info.get("glossary"),
+                       "steering": info.get("steering"),
                        "batches": server.batches,
                        "worker_processes": [w.describe() for w in server.workers]},
         })  # fmt: skip
@@ -238,13 +396,22 @@ def make_app(model_name, server, limits, engine, metrics, access_log=True):
             return error(f"The request body is not valid JSON: {e}.")
         info = server.info  # set before the server listens (the lifespan loads it)
         try:
-            sentences, columnar = _sentences(
+            sentences, columnar, prefix = _sentences(
                 body, limits["max_sentences"], limits["max_characters"]
             )
             settings = _settings(
                 body, info["beam_sizes"], info["default_beam"], engine == "ctranslate2"
             )
             glossary = _glossary(body, info.get("glossary", False))
+            sampling, rows = _steering(
+                body, prefix, len(sentences), info.get("steering", ()), engine,
+                limits["max_characters"],
+            )  # fmt: skip
+            if sampling and settings.get("num_hypotheses", 1) > 1:
+                raise BadRequest(
+                    "num_hypotheses must be 1 with sampling (one sample per sentence)."
+                )
+            settings.update(sampling)
         except BadRequest as e:
             return error(str(e))
         if glossary is not None:  # in the text, here: requests batch whatever their glossary
@@ -253,7 +420,7 @@ def make_app(model_name, server, limits, engine, metrics, access_log=True):
             sentences = annotate_all(sentences, glossary)
         request.state.log = {"sentences": len(sentences), "version": str(server.version)}
         try:
-            queued = server.queue.put(sentences, settings, limits["timeout_seconds"])
+            queued = server.queue.put(sentences, settings, limits["timeout_seconds"], rows)
         except QueueFull as e:
             return error(str(e), 503, retry=True)
         answer = await _wait(request, queued, server.queue)

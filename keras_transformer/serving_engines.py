@@ -5,6 +5,7 @@ threads and device, checked before any process starts.
     check_engine(config)                  # ValueError naming the engine for a flag it lacks
     loaded = load_engine("saved_models/transformer_de_en/ctranslate2/1", config)
     loaded.translate(["Das Haus ist klein."], {"beam_size": 4})
+    loaded.translate(["Das Haus ist klein."], {"beam_size": 4, "target_prefix": ["The"]})
 
 The server (`serving_workers.Worker`) calls `worker_load` and `worker_translate`
 in a process of its own: each worker holds one translator, with `threads`
@@ -28,6 +29,11 @@ PRECISIONS = {
 }  # fmt: skip
 DEVICES = ("cpu", "cuda")
 CTRANSLATE2_BEAM_SIZES = tuple(range(1, 17))  # CTranslate2 searches with any beam
+# The steering a request may carry (keras-transformer-serve's fields): what
+# translate_steered.onnx takes, and CTranslate2 less per-sentence seeds (its sampling
+# draws from its own generator, `ctranslate2.set_random_seed`).
+STEERING = ("prefix", "banned", "sampling_topk", "sampling_temperature", "seed")
+CTRANSLATE2_STEERING = ("prefix", "banned", "sampling_topk", "sampling_temperature")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,13 +69,19 @@ class LoadedTranslator:
 
     Args:
         translate: `(sentences, settings dict) -> translations`; settings are
-            `beam_size`, optional `alpha` and (CTranslate2) `num_hypotheses`.
+            `beam_size`, optional `alpha` and (CTranslate2) `num_hypotheses`, and the
+            steering it takes: `sampling_topk`, `sampling_temperature`, and one value
+            per sentence of `target_prefix`, `banned` and `seed` (the translators'
+            arguments).
         beam_sizes: the beam sizes a request may ask for.
         default_beam: the export's beam size.
         runtime: what the runtime reports it runs (compute type, threads,
             providers), shown in `/metadata`.
         glossary: whether its vocabulary holds the glossary tags (a model trained
             with `--terminology`), so that a request may carry a glossary.
+        steering: the steering fields a request may carry (of `STEERING`): all of
+            them for an ONNX export with translate_steered.onnx, none for an older
+            one, `CTRANSLATE2_STEERING` for CTranslate2.
     """
 
     translate: Callable
@@ -77,6 +89,7 @@ class LoadedTranslator:
     default_beam: int
     runtime: dict
     glossary: bool = False
+    steering: tuple = ()
 
 
 def check_engine(config):
@@ -139,6 +152,7 @@ def load_engine(version_dir, config):
         beam_sizes = CTRANSLATE2_BEAM_SIZES
         tags = translator.processor.encode(list(terminology.TAGS))
         glossary = terminology.tokenizer_has_tags(tags)
+        steering = CTRANSLATE2_STEERING
     else:
         from keras_transformer.onnx_translator import OnnxTranslator
 
@@ -157,11 +171,14 @@ def load_engine(version_dir, config):
         }
         beam_sizes = tuple(translator.beam_sizes)
         glossary = terminology.file_has_tags(translator.vocabulary)
+        steering = STEERING if translator.steering is not None else ()
 
     def translate(sentences, settings):
         return translator.translate(sentences, **settings)
 
-    return LoadedTranslator(translate, beam_sizes, translator.search.beam_size, runtime, glossary)
+    return LoadedTranslator(
+        translate, beam_sizes, translator.search.beam_size, runtime, glossary, steering
+    )
 
 
 # ----------------------------------------------------------------- in the worker process
@@ -183,6 +200,7 @@ def worker_load(version_dir, config):
         "default_beam": _LOADED.default_beam,
         "runtime": _LOADED.runtime,
         "glossary": _LOADED.glossary,
+        "steering": list(_LOADED.steering),
     }
 
 

@@ -3,9 +3,20 @@ whole server, bounded in sentences, from which batches are taken.
 
     queue = RequestQueue(max_batch=64, max_wait_ms=5, max_queue=2048, metrics=Metrics())
     request = queue.put(["Das Haus ist klein."], {"beam_size": 4}, timeout=30)  # QueueFull
+    queue.put(["Guten Morgen."], {"beam_size": 4}, 30, rows={"target_prefix": ["Good"]})
     await queue.ready()    # a batch is worth taking (full, or its first request waited)
     batch = queue.take()   # the oldest request and those with its settings that fit
+    batch_settings(batch)  # the translate call's settings, per-sentence rows joined
     queue.abandon(request, "expired")  # its client stopped waiting: out of the queue
+
+Two kinds of request settings: `settings` are the batch's (the search's beam
+size and alpha, sampling's top-k and temperature: the graph takes one value
+per call), so only requests with equal settings share a batch; `rows` are per
+sentence (a forced prefix, banned words, sampling seeds: the steered graph
+takes them per row), so requests with different rows share one. A request
+with rows (a steered one) never shares a batch with one without: the two run
+different graphs (translate_steered.onnx is float32 also where the server
+serves int8), and a plain request must get the same answer in any batch.
 
 A request whose deadline passes or whose client disconnects is taken out of the
 queue at that moment (counted by reason), so no worker translates it; a request
@@ -15,6 +26,12 @@ already in a batch runs to the end of that batch.
 import asyncio
 import collections
 import dataclasses
+
+# Per-sentence steering (`Request.rows`) and the value of a sentence whose request
+# does not give it, in a batch with others that do: "" forces no prefix, [] bans
+# nothing. "seed" has none: requests that sample share their settings (top-k and
+# temperature), and each of them has its seeds.
+ROW_DEFAULTS = {"target_prefix": "", "banned": []}
 
 
 class QueueFull(Exception):
@@ -30,11 +47,12 @@ class Request:
 
     sentences: list
     settings: dict
-    key: tuple  # requests with equal keys (search settings) share batches
+    key: tuple  # requests with equal keys (settings, steered or not) share batches
     arrived: float
     deadline: float
     future: asyncio.Future
     queued: bool = True
+    rows: dict | None = None  # per-sentence steering: name -> one value per sentence
 
 
 class RequestQueue:
@@ -57,8 +75,11 @@ class RequestQueue:
         self._items = collections.deque()
         self._arrival = asyncio.Event()
 
-    def put(self, sentences, settings, timeout):
-        """Queues a request; its `future` gets the translations. Raises `QueueFull`."""
+    def put(self, sentences, settings, timeout, rows=None):
+        """Queues a request; its `future` gets the translations. Raises `QueueFull`.
+
+        `rows`: per-sentence steering, `{name: [one value per sentence]}` (`ROW_DEFAULTS`'
+        names), or None."""
         if self.sentences + len(sentences) > self.max_queue:
             self.metrics.rejected.inc()
             raise QueueFull(
@@ -67,8 +88,12 @@ class RequestQueue:
             )
         loop = asyncio.get_running_loop()
         now = loop.time()
-        key = tuple(sorted(settings.items()))
-        request = Request(sentences, settings, key, now, now + timeout, loop.create_future())
+        # Batches are keyed on the settings and on whether the request is steered, not on
+        # its rows.
+        key = (tuple(sorted(settings.items())), rows is not None)
+        request = Request(
+            sentences, settings, key, now, now + timeout, loop.create_future(), rows=rows
+        )
         self._items.append(request)
         self._count(request, +1)
         self._arrival.set()
@@ -137,3 +162,20 @@ class RequestQueue:
         request.queued = False
         self._count(request, -1)
         self.metrics.dropped.labels(reason).inc()
+
+
+def batch_settings(batch):
+    """The translate call's settings for `batch` (requests with one key): the
+    requests' shared settings, and each per-sentence row name any of them gives,
+    joined in the batch's sentence order (`ROW_DEFAULTS` for a request without it)."""
+    settings = dict(batch[0].settings)
+    names = {name for request in batch for name in request.rows or {}}
+    for name in sorted(names):
+        joined = []
+        for request in batch:
+            given = (request.rows or {}).get(name)
+            if given is None:
+                given = [ROW_DEFAULTS[name]] * len(request.sentences)
+            joined.extend(given)
+        settings[name] = joined
+    return settings

@@ -3,7 +3,7 @@
     server = ModelServer("saved_models/transformer_de_en/onnx", EngineConfig("onnx"),
                          workers=2, queue=RequestQueue(...), metrics=Metrics())
     await server.start()          # loads the newest version (before the server listens)
-    request = server.queue.put(sentences, settings, timeout)   # then await request.future
+    request = server.queue.put(sentences, settings, timeout, rows)  # then await its future
     server.status()               # TF Serving's model_version_status
     await server.stop()
 
@@ -40,6 +40,7 @@ import signal
 import time
 
 from keras_transformer.serving_engines import worker_load, worker_translate
+from keras_transformer.serving_queue import batch_settings
 
 logger = logging.getLogger("keras_transformer.serve")
 STOP_SECONDS = 5.0  # how long stopping waits for an idle worker to exit before killing it
@@ -394,7 +395,7 @@ class ModelServer:
         self.metrics.batch_size.observe(len(sentences))
         self.batches += 1
         try:
-            translations = await worker.translate(sentences, batch[0].settings, kill_at)
+            translations = await worker.translate(sentences, batch_settings(batch), kill_at)
         except WorkerLost:
             self.metrics.batches.labels("worker_lost").inc()
             raise
