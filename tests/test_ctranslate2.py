@@ -27,12 +27,14 @@ SETTINGS = held_out_sentences(20, seed=13)
 
 @pytest.fixture(scope="module")
 def export(tmp_path_factory):
-    """`(work_dir, ctranslate2 export dir)`: the shared tiny run, exported to CTranslate2."""
-    from keras_transformer.export import export_all
+    """`(work_dir, ctranslate2 export dir)`: the shared tiny run and the CTranslate2 export
+    that `exported` wrote of it, as `train.py` does at the end, with the run's search: the
+    paper's (asserted), so no second export of the same weights is needed."""
+    from keras_transformer import workdir
+    from keras_transformer.search import PAPER
 
-    work_dir, _ = exported(tmp_path_factory)
-    root = tmp_path_factory.mktemp("ct2")
-    paths = export_all(work_dir, output_dir=str(root), formats=("ctranslate2",), search={})
+    work_dir, paths = exported(tmp_path_factory)
+    assert workdir.read_search(work_dir) == PAPER
     return work_dir, paths["ctranslate2"]
 
 

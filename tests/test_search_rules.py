@@ -307,20 +307,19 @@ def test_finished_rows_leave_the_loop():
     assert len(rows) <= 6 and rows[-1] < 2 * k
 
 
-def test_dropping_finished_changes_no_translation(monkeypatch, tmp_path):
-    """A trained model (the export fixture's copy task), 240 held-out sentences in
+def test_dropping_finished_changes_no_translation(monkeypatch, tmp_path_factory):
+    """A trained model (the export fixtures' shared copy-task run), 240 held-out sentences in
     batches of 48 mixing lengths 1 to 30 pieces, greedy and both beam rules, with
     output limits that stop rows at their source length (`max_extra_length=0`)
     or let them run."""
     if keras.backend.backend() != "tensorflow":
         pytest.skip("the exports' search: TensorFlow's while loop")
-    from export_fixtures import held_out_sentences, loaded_work_dir, make_work_dir
+    from export_fixtures import held_out_sentences, loaded_work_dir, trained
 
     from keras_transformer.decoding import compile_translate_ids
     from keras_transformer.translator import _as_lists
 
-    work_dir = make_work_dir(str(tmp_path / "work"))
-    model, tokenizer, _ = loaded_work_dir(work_dir)
+    model, tokenizer, _ = loaded_work_dir(trained(tmp_path_factory))  # read, not written
     rng = np.random.default_rng(0)
     sentences = held_out_sentences(240, seed=11)
     sentences = [s if i % 7 else s + " " + s + " " + s for i, s in enumerate(sentences)]
