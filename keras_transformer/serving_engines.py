@@ -15,6 +15,8 @@ inference threads, and nothing else. Neither TensorFlow nor Keras is imported.
 import dataclasses
 import os
 import signal
+import threading
+import time
 from collections.abc import Callable
 
 from keras_transformer import terminology
@@ -186,12 +188,23 @@ def load_engine(version_dir, config):
 _LOADED = None  # this worker process's LoadedTranslator
 
 
+def _exit_with(server_pid, seconds=0.5):
+    """Ends this worker once the server that started it is gone (this process then has
+    another parent): a server killed with SIGKILL, or crashed, cannot stop its workers,
+    which would otherwise keep their model's memory and cores until the machine restarts."""
+    while os.getppid() == server_pid:
+        time.sleep(seconds)
+    os._exit(0)
+
+
 def worker_load(version_dir, config):
     """Loads the worker's translator; returns what the server needs to know of it."""
     global _LOADED
     # Ctrl-C reaches the whole process group: the server stops its workers itself,
     # after the batches in flight.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with, args=(os.getppid(),), daemon=True,
+                     name="exit-with-server").start()  # fmt: skip
     factory = config.factory or load_engine
     _LOADED = factory(version_dir, config)
     return {

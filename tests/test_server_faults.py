@@ -324,6 +324,20 @@ def test_sigterm_stops_every_worker_before_the_server_exits(serve, rounds):
         assert [pid for pid in pids if _running(pid)] == []
 
 
+def test_workers_end_with_a_server_killed_without_warning(serve):
+    # SIGKILL (the OOM killer, `kill -9`, a crash) gives the server no chance to stop its
+    # workers: each ends itself once it is reparented (found orphaned after a test run).
+    server = serve("--workers", "2")
+    pids = [w["pid"] for w in server.workers()]
+    assert server.post(["eins"])[0] == 200
+    server.process.kill()
+    server.process.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while [pid for pid in pids if _running(pid)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [pid for pid in pids if _running(pid)] == []
+
+
 def test_a_native_crash_in_the_translator_is_an_error_for_its_request_only(serve):
     server = serve("--workers", "1", "--max-wait-ms", "0", "--timeout", "10")
     status, body, headers = server.post(["CRASH"])

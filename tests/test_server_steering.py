@@ -302,8 +302,9 @@ def test_batches_are_keyed_on_sampling_settings_and_join_the_per_sentence_rows()
     ],
 )  # fmt: skip
 def test_a_field_the_engine_lacks_is_a_bad_request_naming_it(engine, supported, fields, words):
-    from keras_transformer import serve
+    from keras_transformer import serving_requests
 
-    with pytest.raises(serve.BadRequest, match=words):
-        serve._steering(fields, None, 2, supported, engine, 300)
-    assert serve._steering({"instances": ["a"]}, None, 1, supported, engine, 300) == ({}, None)
+    with pytest.raises(serving_requests.BadRequest, match=words):
+        serving_requests.parse_steering(fields, None, 2, supported, engine, 300)
+    plain = serving_requests.parse_steering({"instances": ["a"]}, None, 1, supported, engine, 300)
+    assert plain == ({}, None)

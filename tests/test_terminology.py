@@ -449,7 +449,6 @@ def test_the_server_takes_a_glossary_field(tmp_path, monkeypatch):
     import test_server_faults
     from test_server_faults import NAME, Served
 
-    from keras_transformer import serve
 
     monkeypatch.setattr(test_server_faults, "SERVE", (
         f"import sys; sys.path.insert(0, {TESTS!r}); import test_terminology as t; "
@@ -492,5 +491,7 @@ def test_the_server_takes_a_glossary_field(tmp_path, monkeypatch):
         assert json.loads(served.get(f"/v1/models/{NAME}/metadata"))["server"]["glossary"] is True
     finally:
         served.stop()
-    with pytest.raises(serve.BadRequest, match="trained without --terminology"):
-        serve._glossary({"glossary": {"ding": "pear"}}, has_tags=False)
+    from keras_transformer import serving_requests
+
+    with pytest.raises(serving_requests.BadRequest, match="trained without --terminology"):
+        serving_requests.parse_glossary({"glossary": {"ding": "pear"}}, has_tags=False)
