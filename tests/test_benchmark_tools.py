@@ -130,3 +130,38 @@ def test_the_tuned_pytorch_reference_has_the_keras_models_parameters_and_runs():
     # ln(vocab) plus the spread of random logits (the Keras build's first-batch loss
     # at the cpu preset is ln(4000) + 0.66, run.json's calibration).
     assert 0.0 < line["final_loss"] - math.log(config.vocab_size) < 1.0, line["final_loss"]
+
+
+def test_every_recipe_trial_is_a_train_py_command_line_that_changes_one_thing():
+    """The study's trials reach train.py as they are written: each trial's flags parse,
+    and each sets what it names, apart from the reference's (a misspelt flag is an
+    error; one that no option reads would make a trial a second reference)."""
+    import train
+    from benchmarks import recipe_study
+
+    def options(trial):
+        return vars(train.parse_args(recipe_study.train_flags("work", 5, trial)))
+
+    reference = options(recipe_study.TRIALS[0])
+    assert recipe_study.TRIALS[0].flags == ()
+    for trial in recipe_study.TRIALS[1:] + recipe_study.EXTRA_TRIALS:
+        changed = {key for key, value in options(trial).items() if reference[key] != value}
+        named = {flag[2:].replace("-", "_") for flag in trial.flags if flag.startswith("--")}
+        assert changed == named, (trial.name, changed, named)
+    with pytest.raises(ValueError, match="Unknown trials"):
+        recipe_study._chosen("cpu_ref_a,no_such_trial")
+
+
+def test_the_recipe_report_ranks_trials_against_the_two_references():
+    from benchmarks import recipe_study
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "benchmarks", "results", "recipe_study_xeon_2026-11-28", "five_minutes",
+                        "results.jsonl")  # fmt: skip
+    with open(path) as f:
+        records = [json.loads(line) for line in f]
+    table = recipe_study.report(records, minutes=5).splitlines()
+    rows = [line for line in table if line.startswith("| ") and not line.startswith("| #")]
+    assert len(rows) == len(records) == 14
+    assert "cpu_ref_a" in rows[0] and "(reference)" in rows[0]  # the best, greedy
+    assert any("difference 0.16" in line for line in table)
