@@ -1,14 +1,17 @@
-"""quiet_{before,after}_threads{1,2}.txt (benchmarks/serving.py, 5 rounds, alone on the
-machine) as one table of sentences/s (median, min-max) and the ratios of the goals."""
+"""A results folder's quiet_{before,after}_threads{1,2}.txt (benchmarks/serving.py, 5
+rounds, alone on the machine) as one table of sentences/s (median, min-max) and the
+ratios of issue 52's goals:
+
+    python benchmarks/summarize_quiet.py benchmarks/results/serving_nodes_zen4_2026-11-28
+"""
 
 import json
 import os
+import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 
-
-def load(side, threads):
-    with open(os.path.join(HERE, f"quiet_{side}_threads{threads}.txt"), encoding="utf-8") as f:
+def load(folder, side, threads):
+    with open(os.path.join(folder, f"quiet_{side}_threads{threads}.txt"), encoding="utf-8") as f:
         return json.loads([line for line in f if line.startswith("{")][-1])["results"]
 
 
@@ -21,8 +24,9 @@ print("| threads | search | batch | translate.onnx before | translate.onnx | Sav
       "| SavedModel | int8 ONNX | CT2 float32 | CT2 int8 | ONNX / CT2 | SavedModel / CT2 "
       "| int8 ONNX / CT2 int8 | ONNX after / before | int8 / float32 ONNX |")
 print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+folder = sys.argv[1]
 for threads in (1, 2):
-    before, after = load("before", threads), load("after", threads)
+    before, after = load(folder, "before", threads), load(folder, "after", threads)
     for key, a in after.items():
         b = before[key]
         search, batch = key.split("|")
