@@ -19,6 +19,18 @@ class BadRequest(ValueError):
 ROW_INPUTS = {"sentences", "prefix"}  # the named inputs of a row (or of columnar inputs)
 
 
+def _text(value, what, max_characters):
+    """`value`, checked to be a string of at most `max_characters` (`what` names it)."""
+    if not isinstance(value, str):
+        raise BadRequest(f"{what} is a {type(value).__name__}, not a string.")
+    if len(value) > max_characters:
+        raise BadRequest(
+            f"{what} has {len(value)} characters; this server takes at most "
+            f"{max_characters} (--max-characters)."
+        )
+    return value
+
+
 def parse_sentences(body, max_sentences, max_characters):
     """`(sentences, columnar, prefix)` of a predict body, checked: TF Serving's row
     (`instances`) or columnar (`inputs`) format.
@@ -50,14 +62,7 @@ def parse_sentences(body, max_sentences, max_characters):
         if isinstance(value, dict) and "sentences" in value and set(value) <= ROW_INPUTS:
             row_prefix = value.get("prefix")  # a row of named inputs
             value = value["sentences"]
-        if not isinstance(value, str):
-            raise BadRequest(f"Instance {i} is a {type(value).__name__}, not a string.")
-        if len(value) > max_characters:
-            raise BadRequest(
-                f"Instance {i} has {len(value)} characters; this server takes at most "
-                f"{max_characters} (--max-characters)."
-            )
-        sentences.append(value)
+        sentences.append(_text(value, f"Instance {i}", max_characters))
         row_prefixes.append(row_prefix)
     if not sentences:
         raise BadRequest("No sentence to translate: the instances are empty.")
@@ -119,13 +124,7 @@ def _prefixes(body, named, count, max_characters):
             f"got {json.dumps(value)[:80]}."
         )
     for i, prefix in enumerate(value):
-        if not isinstance(prefix, str):
-            raise BadRequest(f"prefix {i} is a {type(prefix).__name__}, not a string.")
-        if len(prefix) > max_characters:
-            raise BadRequest(
-                f"prefix {i} has {len(prefix)} characters; this server takes at most "
-                f"{max_characters} (--max-characters)."
-            )
+        _text(prefix, f"prefix {i}", max_characters)
     return None if all(not p.strip() for p in value) else value
 
 
