@@ -176,3 +176,52 @@ def test_a_simplified_search_graph_that_translates_differently_is_not_exported(
             onnx_graphs.search_function(model, (1,)), onnx_graphs.TRANSLATE_OPSET, feeds
         )
     assert "unsimplified graph" not in caplog.text
+
+
+def _op_counts(model):
+    import collections
+
+    return collections.Counter(node.op_type for node in _all_nodes(model.graph))
+
+
+def test_the_child_process_converts_to_tf2onnx_s_own_graph(export):
+    """`onnx_convert.convert` (tf2onnx's second half in a child process, less the
+    optimizers for ops these graphs never hold) writes the graph that
+    `tf2onnx.convert.from_function` writes in this process: the same nodes per op type
+    and the same outputs, on the greedy search (a Loop, its If, the sign-bit Bitcast and
+    SelectV2 handlers)."""
+    import onnxruntime as ort
+    import tf2onnx
+    from tf2onnx import optimizer
+
+    from keras_transformer.export import onnx_convert, onnx_graphs
+
+    assert set(onnx_convert.UNUSED_OPTIMIZERS) < set(optimizer._get_optimizers())
+    model, _, _ = loaded_work_dir(export[0])
+    function = onnx_graphs.search_function(model, (1,))
+    child = onnx_convert.convert(function, onnx_graphs.TRANSLATE_OPSET)
+    here, _ = tf2onnx.convert.from_function(
+        function, input_signature=function.input_signature, opset=onnx_graphs.TRANSLATE_OPSET,
+        custom_op_handlers=onnx_convert.HANDLERS,
+    )  # fmt: skip
+    assert _op_counts(child) == _op_counts(here)
+    assert {"Loop", "If", "Where"} <= set(_op_counts(child))
+    feeds = onnx_graphs._check_feeds(model.config, (1,), {"alpha": np.array(0.6, np.float32)})
+    outputs = [
+        ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, feed
+        )
+        for m in (child, here)
+        for feed in feeds
+    ]
+    half = len(outputs) // 2
+    for a, b in zip(outputs[:half], outputs[half:], strict=True):
+        np.testing.assert_array_equal(a[0], b[0])
+
+
+def test_a_failed_conversion_names_the_function_and_its_child_error(export):
+    from keras_transformer.export import onnx_convert, onnx_graphs
+
+    model, _, _ = loaded_work_dir(export[0])
+    with pytest.raises(RuntimeError, match="conversion of .*failed in its child process"):
+        onnx_convert.convert(onnx_graphs.encoder_function(model), 99)

@@ -242,59 +242,6 @@ def search_function(model, beam_sizes=(1, 4), stopping=PAPER.stopping, patience=
     return steered_search
 
 
-def _sign_bit_bitcast(ctx, node, name, args):
-    """tf2onnx handler: `tf.bitcast(float32 -> int32)` as `keras.ops.signbit` uses it.
-
-    Keras's float `argmax` (greedy search) tells -0.0 from 0.0 with
-    `bitwise_and(bitcast(x, int32), INT32_MIN) < 0`. ONNX has no bitcast;
-    this emits `INT32_MIN` where the sign bit of x is set and 0 elsewhere,
-    which is exact for that use and refused for any other.
-    """
-    from onnx import TensorProto
-    from tf2onnx import utils
-
-    int32_min = np.iinfo(np.int32).min
-    for consumer in ctx.find_output_consumers(node.output[0]):
-        others = [i for i in consumer.input if i != node.output[0]]
-        if not (
-            consumer.type == "BitwiseAnd"
-            and len(others) == 1
-            and ctx.is_const(others[0])
-            and np.all(ctx.get_tensor_value(others[0], as_list=False) == int32_min)
-        ):
-            raise ValueError(
-                f"Only the sign-bit Bitcast of keras.ops.signbit converts to ONNX. "
-                f"Received: {node.name} feeding {consumer.type} {consumer.name}"
-            )
-    x, outputs = node.input[0], list(node.output)
-    ctx.remove_node(node.name)
-
-    def const(value, dtype):
-        return ctx.make_const(utils.make_name("sign_bit"), np.array(value, dtype)).output[0]
-
-    def op(op_type, *inputs):
-        return ctx.make_node(op_type, list(inputs)).output[0]
-
-    zero = const(0.0, np.float32)
-    # Negative, or -0.0 (the only zero whose reciprocal is negative: -inf).
-    negative_zero = op("And", op("Equal", x, zero), op("Less", op("Reciprocal", x), zero))
-    sign = op("Or", op("Less", x, zero), negative_zero)
-    ctx.make_node(
-        "Where", [sign, const(int32_min, np.int32), const(0, np.int32)],
-        outputs=outputs, name=name, dtypes=[TensorProto.INT32],
-    )  # fmt: skip
-
-
-def _select_as_where(ctx, node, name, args):
-    """tf2onnx handler: `tf.where` (SelectV2) as one ONNX `Where`.
-
-    tf2onnx's own handler writes `cond * x + (1 - cond) * y` (5 nodes, and
-    NaN where the unselected side is infinite); `Where` broadcasts exactly
-    as SelectV2 does.
-    """
-    node.type = "Where"
-
-
 def _convert(function, opset, check_feeds=()):
     """A `tf.function` with an input signature -> simplified, checked `onnx.ModelProto`.
 
@@ -305,22 +252,11 @@ def _convert(function, opset, check_feeds=()):
     import copy
 
     import onnx
-    import tf2onnx  # optional heavy dependency: imported only here
 
-    from keras_transformer.export.tf2onnx_fixes import consumers_only
+    from keras_transformer.export.onnx_convert import convert
 
     gc.collect()  # what the exports before this one left in reference cycles
-    with consumers_only():  # the search: 1.7-2.3 GB instead of 3.9 (tf2onnx_fixes)
-        model_proto, _ = tf2onnx.convert.from_function(
-            function,
-            input_signature=function.input_signature,
-            opset=opset,
-            custom_op_handlers={
-                "Bitcast": (_sign_bit_bitcast, []),
-                "SelectV2": (_select_as_where, []),
-            },
-        )
-    gc.collect()  # tf2onnx's graphs are reference cycles: 0.8 GB for the search
+    model_proto = convert(function, opset)  # in a child process: the export's peak
     raw = copy.deepcopy(model_proto) if check_feeds else None
     simplify(model_proto)
     fuse(model_proto)
