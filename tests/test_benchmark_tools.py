@@ -165,3 +165,35 @@ def test_the_recipe_report_ranks_trials_against_the_two_references():
     assert len(rows) == len(records) == 14
     assert "cpu_ref_a" in rows[0] and "(reference)" in rows[0]  # the best, greedy
     assert any("difference 0.16" in line for line in table)
+
+
+def test_the_glossary_test_set_holds_each_term_and_its_one_translation():
+    """`benchmarks/glossary.py prepare`'s rules on toy pairs: the training glossary is the
+    one-word noun entries (every sense, once); a test item is a pair of 2+ words holding
+    a term whose reference holds the translation the test glossary gives that term (the
+    one most references hold), as a word."""
+    sys.path.insert(0, ROOT)
+    from benchmarks import glossary
+
+    train = [("Auftrag", "order"), ("Auftrag", "commission"), ("Auftrag", "order"),
+             ("laufen", "run"), ("Haus", "house"), ("Bank", "bank"), ("Bank", "bench"),
+             ("ein Haus", "a house")]  # fmt: skip
+    entries = glossary.glossary_entries(train)
+    assert entries == [("Auftrag", "order"), ("Auftrag", "commission"), ("Haus", "house"),
+                       ("Bank", "bank"), ("Bank", "bench")]  # fmt: skip
+    test = [("der Auftrag ist da", "the order is here"),
+            ("ein neuer Auftrag", "a new order"),
+            ("ein Auftrag der Regierung", "a government commission"),  # the other sense
+            ("Auftrag", "order"),  # one word: no context to steer
+            ("die Bank am Fluss", "the bench by the river"),
+            ("die Bankfiliale", "the bank branch"),  # "Bank" only inside a word
+            ("ein Hund", "a dog"),  # no glossary term
+            ("die Bank", "the banks")]  # "bank" only inside a reference's word  # fmt: skip
+    items, chosen = glossary.test_items(test, entries, limit=10)
+    assert chosen == [("auftrag", "order"), ("bank", "bench")]
+    assert [(i["source"], i["translation"]) for i in items] == [
+        ("der Auftrag ist da", "order"), ("ein neuer Auftrag", "order"),
+        ("die Bank am Fluss", "bench"),
+    ]  # fmt: skip
+    assert glossary.holds("Orders and an ORDER.", "order")
+    assert not glossary.holds("the orders", "order")
