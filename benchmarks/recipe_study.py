@@ -1,9 +1,9 @@
 """A recipe study on one corpus (issue 54): trials of `train.py` side by side, one core
 each, the same minutes of training, every trial scored by its validation chrF.
 
-    python benchmarks/recipe_study.py prepare                 # once, here: writes .gpu/study/
+    python benchmarks/recipe_study.py prepare    # here, per corpus: writes .gpu/study/CORPUS/
     python benchmarks/recipe_study.py run --out OUT           # 14 trials on a 16-core machine
-    python benchmarks/recipe_study.py report OUT/results.jsonl
+    python benchmarks/recipe_study.py report OUT/results.jsonl [MORE/results.jsonl ...]
     python benchmarks/recipe_study.py run --smoke --out runs/study_smoke   # 2 trials, 20 s each
 
 On a machine without Keras (the lent GPU machine, whose CPU runs the study), with
@@ -16,25 +16,29 @@ On a machine without Keras (the lent GPU machine, whose CPU runs the study), wit
 which ends about 525 s after it starts (5 training minutes; start-up, the last
 validation, averaging and scoring take about 2 to 3 minutes more per trial).
 
-The corpus is the Ding dictionary's full sentences used as one's own corpus
-(`ding_sentences.py`: about 18k training pairs, 0.7k validation and 0.6k test
-sentences), read with `--data-dir`, German to English.
+The corpus (`--corpus`, of `prepare` and `run`) is the Ding dictionary's full
+sentences used as one's own corpus (`sentences`, the default; `ding_sentences.py`:
+about 18k training pairs, 0.7k validation and 0.6k test sentences) or a seeded
+sample of 30k or 100k Ding pairs of every kind (`pairs30k`, `pairs100k`; the first
+1,000 Ding validation and test pairs held out), read with `--data-dir`, German to
+English.
 
 `prepare` writes that corpus and, for each vocabulary size the trials use, a work
 directory made by `train.py --prepare-only` (the SentencePiece vocabulary, the
 tokenized splits and, where a trial trains with BPE-dropout, its sampled
-segmentations) into `.gpu/study/` (a few MB, carried to the other machine), so
-that the machine running the study trains no vocabulary and tokenizes nothing.
-Both machines read the corpus from one absolute path, `DATA_DIR`: a work
-directory belongs to its corpus folder's absolute path (`workdir.claim`), and
-one prepared for another path trains its vocabulary again.
+segmentations) into `.gpu/study/CORPUS/` (a few MB, carried to the other
+machine), so that the machine running the study trains no vocabulary and
+tokenizes nothing. Both machines read the corpus from one absolute path,
+`/tmp/recipe_study/CORPUS/data` (`data_dir`): a work directory belongs to its
+corpus folder's absolute path (`workdir.claim`), and one prepared for another
+path trains its vocabulary again.
 
 `run` starts every trial at once, each pinned to a core of its own (as `taskset
 -c N`; two cores are left to the system) under `KERAS_BACKEND=jax` on the CPU
 with one compute thread (`JAX_PLATFORMS=cpu`, `_common.thread_env(1)`). A trial
 is a user's own-data command with one thing changed:
 
-    train.py --data-dir DATA_DIR --direction de-en --max-train-minutes M
+    train.py --data-dir /tmp/recipe_study/CORPUS/data --direction de-en --max-train-minutes M
         --dtype-policy float32 --no-test --no-export --workers 1 FLAGS
 
 float32 for every trial, so that no trial's start-up timing picks another
@@ -68,10 +72,28 @@ from benchmarks import _common  # noqa: E402  (the standard library only)
 
 logger = logging.getLogger("recipe_study")
 
-STUDY_DIR = os.path.join(ROOT, ".gpu", "study")  # what `prepare` writes and `run` reads
+STUDY_ROOT = os.path.join(ROOT, ".gpu", "study")  # what `prepare` writes and `run` reads
 WORK_ROOT = "/tmp/recipe_study"  # the same absolute path on both machines
-DATA_DIR = os.path.join(WORK_ROOT, "data")
 DIRECTION = "de-en"
+# The corpora of the study: training pairs of a seeded sample of the Ding pairs
+# (`ding_sentences.write_pair_sample`), or 0 for the Ding full sentences (about 18k).
+CORPORA = {"sentences": 0, "pairs30k": 30_000, "pairs100k": 100_000}
+
+
+def study_dir(corpus):
+    """What `prepare` writes for `corpus`: its text (`data/`) and work directories."""
+    return os.path.join(STUDY_ROOT, corpus)
+
+
+def data_dir(corpus):
+    """Where the trials read `corpus` (an absolute path that its work directories claim)."""
+    return os.path.join(WORK_ROOT, corpus, "data")
+
+
+def trials_dir(corpus):
+    return os.path.join(WORK_ROOT, corpus, "trials")
+
+
 DEFAULT_VOCAB = 4000  # the `cpu` preset's
 RESERVED_CORES = 2  # left to the system and this process
 STOP_MARGIN = 20  # seconds before the deadline at which a trial stops scoring
@@ -147,10 +169,10 @@ EXTRA_TRIALS = (
 SMOKE_TRIALS = ("cpu_ref_a", "bpe_dropout_0.1")
 
 
-def train_flags(work_dir, minutes, trial):
+def train_flags(work_dir, minutes, trial, corpus="sentences"):
     """`train.py`'s command line of `trial` (without the program name)."""
     return [
-        "--data-dir", DATA_DIR, "--direction", DIRECTION, "--work-dir", work_dir,
+        "--data-dir", data_dir(corpus), "--direction", DIRECTION, "--work-dir", work_dir,
         "--max-train-minutes", f"{minutes:g}", "--dtype-policy", "float32",
         "--no-test", "--no-export", "--workers", "1", *trial.flags,
     ]  # fmt: skip
@@ -170,18 +192,23 @@ def trial_env():
 # --------------------------------------------------------------------------- prepare
 
 
-def template_dir(vocab_size, root=STUDY_DIR):
-    return os.path.join(root, "work", f"v{vocab_size}")
+def template_dir(vocab_size, corpus="sentences"):
+    return os.path.join(study_dir(corpus), "work", f"v{vocab_size}")
 
 
-def prepare(ding_path, trials):
-    """Writes the corpus and one prepared work directory per vocabulary to `STUDY_DIR`."""
-    from benchmarks.ding_sentences import write_corpus
+def prepare(ding_path, trials, corpus="sentences"):
+    """Writes `corpus` and one prepared work directory per vocabulary to `study_dir`."""
+    from benchmarks.ding_sentences import write_corpus, write_pair_sample
 
-    shutil.rmtree(DATA_DIR, ignore_errors=True)
-    logger.info("Corpus %s: %s", DATA_DIR, write_corpus(DATA_DIR, ding_path))
-    shutil.rmtree(STUDY_DIR, ignore_errors=True)
-    shutil.copytree(DATA_DIR, os.path.join(STUDY_DIR, "data"))
+    data = data_dir(corpus)
+    shutil.rmtree(data, ignore_errors=True)
+    if CORPORA[corpus]:
+        counts = write_pair_sample(data, CORPORA[corpus], ding_path)
+    else:
+        counts = write_corpus(data, ding_path)
+    logger.info("Corpus %s: %s", data, counts)
+    shutil.rmtree(study_dir(corpus), ignore_errors=True)
+    shutil.copytree(data, os.path.join(study_dir(corpus), "data"))
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
     for vocab_size in sorted({trial.vocab_size for trial in trials}):
         rates = {trial.flag("--bpe-dropout") for trial in trials
@@ -189,16 +216,16 @@ def prepare(ding_path, trials):
         if len(rates) > 1:
             raise ValueError(f"One BPE-dropout rate per vocabulary. Received: {sorted(rates)}")
         flags = ["--vocab-size", str(vocab_size), *(["--bpe-dropout", *rates] if rates else [])]
-        work = template_dir(vocab_size)
+        work = template_dir(vocab_size, corpus)
         command = [
-            sys.executable, os.path.join(ROOT, "train.py"), "--data-dir", DATA_DIR,
+            sys.executable, os.path.join(ROOT, "train.py"), "--data-dir", data,
             "--direction", DIRECTION, "--work-dir", work, "--prepare-only", *flags,
         ]  # fmt: skip
         start = time.time()
         subprocess.run(command, check=True, env=env, cwd=ROOT)
         logger.info("%s: %s in %.0fs, %.1f MiB", work, " ".join(flags), time.time() - start,
                     _mebibytes(work))  # fmt: skip
-    logger.info("%s: %.1f MiB in all", STUDY_DIR, _mebibytes(STUDY_DIR))
+    logger.info("%s: %.1f MiB in all", study_dir(corpus), _mebibytes(study_dir(corpus)))
 
 
 def _mebibytes(folder):
@@ -223,7 +250,7 @@ class Running:
     started: float
 
 
-def run_study(trials, out, minutes, deadline, reserved):
+def run_study(trials, out, minutes, deadline, reserved, corpus="sentences"):
     """Runs `trials` side by side until each ends or `deadline` seconds have passed;
     returns their records (`trial_record`), in the order they ended."""
     start = time.time()
@@ -240,16 +267,16 @@ def run_study(trials, out, minutes, deadline, reserved):
             "start-up and scoring (about %ds needed): beam search, or more, may not fit",
             minutes, deadline - minutes * 60, deadline, OVERHEAD_SECONDS,
         )  # fmt: skip
-    _install_inputs(trials)
+    _install_inputs(trials, corpus)
     stop_at = start + deadline
     env = trial_env()
     running = []
     for trial, core in zip(trials, cores, strict=False):
-        work = os.path.join(WORK_ROOT, "trials", trial.name)
-        shutil.copytree(template_dir(trial.vocab_size), work)
+        work = os.path.join(trials_dir(corpus), trial.name)
+        shutil.copytree(template_dir(trial.vocab_size, corpus), work)
         command = [sys.executable, os.path.abspath(__file__), "trial", "--work-dir", work,
                    "--deadline-at", f"{stop_at - STOP_MARGIN:.0f}", "--",
-                   *train_flags(work, minutes, trial)]  # fmt: skip
+                   *train_flags(work, minutes, trial, corpus)]  # fmt: skip
         log = open(os.path.join(work, "trial.log"), "w")  # closed when the trial ends
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
@@ -265,11 +292,11 @@ def run_study(trials, out, minutes, deadline, reserved):
         for entry in [e for e in running if e.process.poll() is not None]:
             running.remove(entry)
             entry.log.close()
-            record = trial_record(entry, stopped=time.time() > stop_at)
+            record = dict(trial_record(entry, stopped=time.time() > stop_at), corpus=corpus)
             records.append(record)
             with open(os.path.join(out, "results.jsonl"), "a") as f:
                 f.write(json.dumps(record) + "\n")
-            _pack(records, out)
+            _pack(records, out, trials_dir(corpus))
             logger.info("Ended %s after %.0fs: %s", entry.trial.name,
                         time.time() - entry.started, _summary(record))  # fmt: skip
     with open(os.path.join(out, "report.md"), "w") as f:
@@ -293,20 +320,21 @@ def _log_machine(cores):
                 "with %s", model, os.cpu_count(), cores, shared)  # fmt: skip
 
 
-def _install_inputs(trials):
-    """The corpus at `DATA_DIR` (where the work directories expect it) and fresh trial
+def _install_inputs(trials, corpus):
+    """The corpus at `data_dir` (where the work directories expect it) and fresh trial
     folders; the prepared work directories must exist."""
-    missing = [template_dir(t.vocab_size) for t in trials
-               if not os.path.isdir(template_dir(t.vocab_size))]  # fmt: skip
-    if missing or not os.path.isdir(os.path.join(STUDY_DIR, "data")):
+    missing = [template_dir(t.vocab_size, corpus) for t in trials
+               if not os.path.isdir(template_dir(t.vocab_size, corpus))]  # fmt: skip
+    prepared = os.path.join(study_dir(corpus), "data")
+    if missing or not os.path.isdir(prepared):
         raise FileNotFoundError(
-            f"Not prepared: {missing or STUDY_DIR}. Run `python benchmarks/recipe_study.py "
-            "prepare` first (on a machine with the Ding dictionary)."
+            f"Not prepared: {missing or prepared}. Run `python benchmarks/recipe_study.py "
+            f"prepare --corpus {corpus}` first (on a machine with the Ding dictionary)."
         )
-    if os.path.abspath(os.path.join(STUDY_DIR, "data")) != DATA_DIR:
-        shutil.rmtree(DATA_DIR, ignore_errors=True)
-        shutil.copytree(os.path.join(STUDY_DIR, "data"), DATA_DIR)
-    shutil.rmtree(os.path.join(WORK_ROOT, "trials"), ignore_errors=True)
+    if os.path.abspath(prepared) != data_dir(corpus):
+        shutil.rmtree(data_dir(corpus), ignore_errors=True)
+        shutil.copytree(prepared, data_dir(corpus))
+    shutil.rmtree(trials_dir(corpus), ignore_errors=True)
 
 
 def _stop(processes):
@@ -407,12 +435,12 @@ PACKED = ("trial.log", "run.json", "score.json", "corpus.json", "validation_gree
           "validation_beam.txt")  # fmt: skip
 
 
-def _pack(records, out):
+def _pack(records, out, trials_root):
     """`OUT/trials.tar.gz`: what each ended trial wrote (not its weights or shards)."""
     path = os.path.join(out, "trials.tar.gz")
     with tarfile.open(path + ".tmp", "w:gz") as tar:
         for record in records:
-            folder = os.path.join(WORK_ROOT, "trials", record["trial"])
+            folder = os.path.join(trials_root, record["trial"])
             for name in PACKED:
                 if os.path.isfile(os.path.join(folder, name)):
                     tar.add(os.path.join(folder, name), f"{record['trial']}/{name}")
@@ -437,10 +465,10 @@ def trial_main(work_dir, deadline_at, train_argv):
 
     train.main(train_argv)
     logger.setLevel(logging.INFO)  # train.py's logging leaves other loggers at WARNING
-    score_validation(work_dir, deadline_at)
+    score_validation(work_dir, deadline_at, train_argv[train_argv.index("--data-dir") + 1])
 
 
-def score_validation(work_dir, deadline_at):
+def score_validation(work_dir, deadline_at, data):
     """Greedy, then the run's search where `deadline_at` (a `time.time()`) leaves time
     for it, on every validation pair; chrF and BLEU to `work_dir/score.json`, the
     translations to `validation_<kind>.txt`."""
@@ -449,7 +477,7 @@ def score_validation(work_dir, deadline_at):
     from keras_transformer.evaluation import make_translator, score
 
     model, tokenizer, run_info = workdir.load(work_dir, finished=True)
-    pairs = load_translation_data(data_dir=DATA_DIR, direction=DIRECTION).pairs("validation")
+    pairs = load_translation_data(data_dir=data, direction=DIRECTION).pairs("validation")
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]
     own = workdir.search_of(run_info)
     scores = {}
@@ -543,6 +571,7 @@ def main(argv=None):
     prep = commands.add_parser("prepare", help="corpus and vocabularies to .gpu/study/")
     prep.add_argument("--ding-path", default="/usr/share/trans/de-en")
     prep.add_argument("--trials", help="comma-separated names (default: the 14 and extras)")
+    prep.add_argument("--corpus", choices=CORPORA, default="sentences")
     run = commands.add_parser("run", help="the trials side by side")
     run.add_argument("--out", required=True, help="results folder ($OUT)")
     run.add_argument("--train-minutes", type=float, default=5.0)
@@ -554,13 +583,14 @@ def main(argv=None):
     )
     run.add_argument("--trials", help="comma-separated names (default: the 14, in order)")
     run.add_argument("--reserved-cores", type=int, default=RESERVED_CORES)
+    run.add_argument("--corpus", choices=CORPORA, default="sentences")
     run.add_argument(
         "--smoke",
         action="store_true",
         help=f"{' and '.join(SMOKE_TRIALS)}, 20 s each, on every core",
     )
     rep = commands.add_parser("report", help="the table of a results.jsonl")
-    rep.add_argument("results")
+    rep.add_argument("results", nargs="+", help="results.jsonl files, read as one")
     rep.add_argument("--train-minutes", type=float)
     worker = commands.add_parser("trial", help="(internal) one trial, in its own process")
     worker.add_argument("--work-dir", required=True)
@@ -571,17 +601,20 @@ def main(argv=None):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
     if args.command == "prepare":
-        prepare(args.ding_path, _chosen(args.trials) if args.trials else TRIALS + EXTRA_TRIALS)
+        prepare(args.ding_path, _chosen(args.trials) if args.trials else TRIALS + EXTRA_TRIALS,
+                args.corpus)  # fmt: skip
     elif args.command == "run":
         if args.smoke:
             args.trials, args.train_minutes, args.reserved_cores = ",".join(SMOKE_TRIALS), 1 / 3, 0
         run_study(_chosen(args.trials), args.out, args.train_minutes, args.deadline,
-                  args.reserved_cores)  # fmt: skip
+                  args.reserved_cores, args.corpus)  # fmt: skip
         with open(os.path.join(args.out, "report.md")) as f:
             print(f.read())
     elif args.command == "report":
-        with open(args.results) as f:
-            records = [json.loads(line) for line in f if line.strip()]
+        records = []
+        for path in args.results:
+            with open(path) as f:
+                records += [json.loads(line) for line in f if line.strip()]
         print(report(records, args.train_minutes))
     else:
         argv = args.train_argv[1:] if args.train_argv[:1] == ["--"] else args.train_argv

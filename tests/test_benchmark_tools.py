@@ -197,3 +197,34 @@ def test_the_glossary_test_set_holds_each_term_and_its_one_translation():
     ]  # fmt: skip
     assert glossary.holds("Orders and an ORDER.", "order")
     assert not glossary.holds("the orders", "order")
+
+
+def test_a_ding_pair_sample_is_seeded_and_holds_out_the_fixed_evaluation_pairs(tmp_path):
+    """`ding_sentences.py --sample N` (the recipe study's 30k and 100k corpora): N training
+    pairs of Ding's training split, the same N every time; the first validation and test
+    pairs of Ding's own splits, whatever N; too many pairs is an error naming the most."""
+    sys.path.insert(0, ROOT)
+    from benchmarks import ding_sentences
+    from keras_transformer.data import ding
+
+    corpus = tmp_path / "de-en"
+    corpus.write_text("".join(f"Wort{i} {{n}} :: word{i}\n" for i in range(3000)), "utf-8")
+    splits, _ = ding.load_ding_splits(str(corpus))
+
+    def read(folder, split):
+        de, en = ((folder / f"{split}.{lang}").read_text("utf-8").splitlines()
+                  for lang in ("de", "en"))  # fmt: skip
+        return list(zip(de, en, strict=True))
+
+    counts = ding_sentences.write_pair_sample(tmp_path / "a", 700, str(corpus))
+    ding_sentences.write_pair_sample(tmp_path / "b", 700, str(corpus))
+    ding_sentences.write_pair_sample(tmp_path / "c", 300, str(corpus))
+    train = read(tmp_path / "a", "train")
+    assert len(train) == counts["train"] == 700 == len(set(train))
+    assert set(train) <= set(splits["train"]) and train != splits["train"][:700]
+    assert read(tmp_path / "b", "train") == train  # seeded
+    for split in ("validation", "test"):
+        held_out = splits[split][: ding_sentences.SAMPLE_HELD_OUT]
+        assert read(tmp_path / "a", split) == read(tmp_path / "c", split) == held_out
+    with pytest.raises(ValueError, match=f"1 to {len(splits['train'])} pairs"):
+        ding_sentences.write_pair_sample(tmp_path / "d", len(splits["train"]) + 1, str(corpus))
