@@ -28,18 +28,22 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from keras_transformer.data import ding  # noqa: E402
 
 
+def _write_splits(out_dir, splits):
+    """`{split: [(german, english), ...]}` as `split.de` / `split.en` line files;
+    returns `{split: count}`."""
+    os.makedirs(out_dir, exist_ok=True)
+    for split, pairs in splits.items():
+        for index, language in enumerate(("de", "en")):
+            with open(os.path.join(out_dir, f"{split}.{language}"), "w", encoding="utf-8") as f:
+                f.writelines(pair[index] + "\n" for pair in pairs)
+    return {split: len(pairs) for split, pairs in splits.items()}
+
+
 def write_corpus(out_dir, path=ding.DEFAULT_CORPUS_PATH):
     """Writes the full-sentence pairs of every split; returns `{split: count}`."""
     splits, _ = ding.load_ding_splits(path)
-    os.makedirs(out_dir, exist_ok=True)
-    counts = {}
-    for split, pairs in splits.items():
-        sentences = [(g, e) for g, e in pairs if ding.is_sentence(g, e)]
-        for index, language in enumerate(("de", "en")):
-            with open(os.path.join(out_dir, f"{split}.{language}"), "w", encoding="utf-8") as f:
-                f.writelines(pair[index] + "\n" for pair in sentences)
-        counts[split] = len(sentences)
-    return counts
+    return _write_splits(out_dir, {split: [(g, e) for g, e in pairs if ding.is_sentence(g, e)]
+                                   for split, pairs in splits.items()})  # fmt: skip
 
 
 SAMPLE_SEED = 1234
@@ -61,12 +65,7 @@ def write_pair_sample(out_dir, train_pairs, path=ding.DEFAULT_CORPUS_PATH, seed=
         "validation": splits["validation"][:SAMPLE_HELD_OUT],
         "test": splits["test"][:SAMPLE_HELD_OUT],
     }
-    os.makedirs(out_dir, exist_ok=True)
-    for split, pairs in chosen.items():
-        for index, language in enumerate(("de", "en")):
-            with open(os.path.join(out_dir, f"{split}.{language}"), "w", encoding="utf-8") as f:
-                f.writelines(pair[index] + "\n" for pair in pairs)
-    return {split: len(pairs) for split, pairs in chosen.items()}
+    return _write_splits(out_dir, chosen)
 
 
 def main(argv=None):
@@ -77,7 +76,7 @@ def main(argv=None):
         "--sample", type=int, metavar="N", help="N seeded training pairs of any kind instead"
     )
     args = parser.parse_args(argv)
-    if args.sample:
+    if args.sample is not None:
         print(write_pair_sample(args.out_dir, args.sample, args.ding_path))
     else:
         print(write_corpus(args.out_dir, args.ding_path))
