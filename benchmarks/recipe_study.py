@@ -159,12 +159,17 @@ TRIALS = (
     Trial("label_smoothing_0", ("--label-smoothing", "0")),
     Trial("bpe_dropout_0.1", ("--bpe-dropout", "0.1")),
 )
+FFN_512_LOWER_PEAK = ("--d-ff", "512", "--learning-rate-scale", "0.25")
 # Run only when `--trials` names them.
 EXTRA_TRIALS = (
     Trial("dropout_0", ("--dropout", "0")),
     Trial("attention_dropout_0.1", ("--attention-dropout", "0.1")),
     Trial("enc6_dec1", ("--encoder-layers", "6", "--decoder-layers", "1")),
     Trial("d_ff_512", ("--d-ff", "512")),
+    # The 22-minute finalists on the Ding sentences, together and with the second seed.
+    Trial("d_ff_512_lr_x0.5", FFN_512_LOWER_PEAK),
+    Trial("d_ff_512_lr_x0.5_b", (*FFN_512_LOWER_PEAK, "--seed", "4321")),
+    Trial("d_ff_512_b", ("--d-ff", "512", "--seed", "4321")),
 )
 SMOKE_TRIALS = ("cpu_ref_a", "bpe_dropout_0.1")
 
