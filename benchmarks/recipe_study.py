@@ -170,6 +170,9 @@ EXTRA_TRIALS = (
     Trial("d_ff_512_lr_x0.5", FFN_512_LOWER_PEAK),
     Trial("d_ff_512_lr_x0.5_b", (*FFN_512_LOWER_PEAK, "--seed", "4321")),
     Trial("d_ff_512_b", ("--d-ff", "512", "--seed", "4321")),
+    # Dropout by the passes the budget buys, on the pair samples: the second seeds.
+    Trial("dropout_0_b", ("--dropout", "0", "--seed", "4321")),
+    Trial("dropout_0.3_b", ("--dropout", "0.3", "--seed", "4321")),
 )
 SMOKE_TRIALS = ("cpu_ref_a", "bpe_dropout_0.1")
 
