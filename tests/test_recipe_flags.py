@@ -107,5 +107,5 @@ def test_the_shape_flags_help_states_each_presets_model(field):
         assert re.search(rf"[ /]{preset}\b[^;)]*? {value}[;)]", action.help), (preset, action.help)
         resolved = TrainingConfig(preset=preset).resolved()
         assert getattr(resolved, field) is None
-        made, _ = model_config(resolved, 1000, "ding")
+        made = model_config(resolved)
         assert made == get_preset(preset)

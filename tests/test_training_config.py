@@ -13,7 +13,7 @@ from keras_transformer.config import get_preset
 from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
 from keras_transformer.schedules import TransformerSchedule
 from keras_transformer.training.options import TrainingConfig
-from keras_transformer.training.presets import COMMON_DEFAULTS, TRAINING_DEFAULTS
+from keras_transformer.training.presets import COMMON_DEFAULTS, DROPOUT_PASSES, TRAINING_DEFAULTS
 
 
 @pytest.mark.parametrize("preset", sorted(TRAINING_DEFAULTS))
@@ -104,25 +104,63 @@ def _metrics(model):
 
 
 @pytest.mark.parametrize(
-    "preset, corpus, train_pairs, given, expected",
+    "preset, passes, given, expected",
     [
-        ("cpu", "folder", 18_408, None, 0.1),  # a small corpus: the measured pick
-        ("cpu", "folder", 18_408, 0.0, 0.0),  # --dropout 0 wins over it
-        ("cpu", "folder", 500_000, None, 0.0),  # large: the preset's own
-        ("cpu", "ding", 377_000, None, 0.0),  # the preset is measured on Ding
-        ("small", "folder", 18_408, None, 0.1),  # the preset's own
+        ("cpu", DROPOUT_PASSES, None, 0.1),  # at the boundary: the measured pick
+        ("cpu", DROPOUT_PASSES - 0.01, None, 0.0),  # just under it: the preset's own 0
+        ("cpu", 22.6, 0.0, 0.0),  # --dropout 0 wins over the pick
+        ("cpu", 1.9, 0.3, 0.3),  # and over the preset's
+        ("small", 1.0, None, 0.1),  # the preset's own, whatever the passes
+        ("small", 50.0, None, 0.1),
     ],
 )
-def test_the_corpus_size_picks_dropout_unless_the_command_line_does(
-    preset, corpus, train_pairs, given, expected
-):
-    from keras_transformer.training.presets import model_config
+def test_the_passes_pick_dropout_unless_the_command_line_does(preset, passes, given, expected):
+    from keras_transformer.training.presets import corpus_picks, model_config
 
     config = TrainingConfig(preset=preset, dropout=given).resolved()
-    made, picked = model_config(config, train_pairs, corpus)
+    picked = corpus_picks(config, passes)
+    made = dataclasses.replace(model_config(config), **picked)
     assert made.dropout == expected
-    # What the corpus picked (and the log says), never a value the command line replaced.
+    # What the passes picked (and the log says), never a value the command line replaced.
     assert bool(picked) == (given is None and expected != get_preset(preset).dropout)
+    assert corpus_picks(config, passes, finished=object()) == {}  # --init-from keeps its model
+
+
+def test_the_pick_is_made_from_the_batches_per_pass_and_logged(caplog):
+    import logging
+
+    from keras_transformer.training.inputs import _with_corpus_picks
+    from keras_transformer.training.presets import model_config
+
+    config = TrainingConfig(preset="cpu").resolved()
+    preset = model_config(config)
+    with caplog.at_level(logging.INFO, logger="keras_transformer.training.inputs"):
+        made = _with_corpus_picks(config, preset, 278, None)  # Ding's full sentences
+    assert made == dataclasses.replace(preset, dropout=0.1)
+    assert "about 22.6 passes" in caplog.text and "278 batches each" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="keras_transformer.training.inputs"):
+        assert _with_corpus_picks(config, preset, 2_576, None) == preset  # Ding's pairs
+    assert not caplog.text  # nothing picked, nothing said
+
+
+@pytest.mark.parametrize(
+    "budget, batches_per_pass, expected",
+    [
+        # The default run: 22 minutes at 0.21 s a step, 6,286 steps.
+        (dict(), 278, 22.6),  # Ding's full sentences as one's own corpus
+        (dict(), 2_576, 2.44),  # Ding's 377k pairs
+        (dict(), 785, 8.0),  # the boundary
+        (dict(epochs=2, steps=100), 20, 10.0),  # the steps end before the minutes
+        (dict(max_train_minutes=0), 20, 0.05),  # 0 minutes: one step
+        (dict(preset="small"), 400, 10.0),  # no time budget: epochs x steps
+    ],
+)
+def test_the_passes_a_budget_buys(budget, batches_per_pass, expected):
+    from keras_transformer.training.presets import budget_passes
+
+    config = TrainingConfig(**{"preset": "cpu", **budget}).resolved()
+    assert budget_passes(config, batches_per_pass) == pytest.approx(expected, abs=0.05)
 
 
 def _parser():

@@ -194,12 +194,7 @@ class CorpusReport:
 
     def suggestions(self, pairs):
         """What docs/data.md advises for a corpus of `pairs` training pairs."""
-        from keras_transformer.training.presets import corpus_defaults
-
-        picked = corpus_defaults(pairs, "cpu")
-        cpu = "on 2 CPU cores: the default (`cpu` preset, 4k BPE, 22 minutes)" + (
-            f"; dropout {picked['dropout']} is chosen for it" if picked.get("dropout") else ""
-        )
+        cpu = "on 2 CPU cores: the default (`cpu` preset, 4k BPE, 22 minutes)"
         if pairs <= 200_000:
             return [cpu, "on one GPU: --preset small --batch-tokens 8192"]
         if pairs <= 5_000_000:

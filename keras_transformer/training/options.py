@@ -21,8 +21,8 @@ from keras_transformer.terminology import RATE, TGT_TERM_END, TGT_TERM_START
 from keras_transformer.training.checks import DTYPE_POLICIES, check
 from keras_transformer.training.presets import (
     COMMON_DEFAULTS,
-    SMALL_CORPUS_DROPOUT,
-    SMALL_CORPUS_PAIRS,
+    CORPUS_DROPOUT,
+    DROPOUT_PASSES,
     TRAINING_DEFAULTS,
 )
 
@@ -63,8 +63,8 @@ class TrainingConfig:
         metavar="K",
     )  # fmt: skip
     dropout: float | None = _option(
-        help=f"dropout of the model (the preset's; with --preset cpu on a corpus of fewer than "
-        f"{SMALL_CORPUS_PAIRS:,} training pairs other than Ding, {SMALL_CORPUS_DROPOUT})"
+        help=f"dropout of the model (the preset's; with --preset cpu, {CORPUS_DROPOUT} where "
+        f"the budget buys {DROPOUT_PASSES:g} passes or more over the training pairs)"
     )
     attention_dropout: float | None = _option(
         help="dropout of the attention probabilities (the preset's: 0, as in the paper; "

@@ -81,44 +81,59 @@ COMMON_DEFAULTS = dict(
     bpe_dropout_copies=BPE_DROPOUT_COPIES,
 )
 
-# `corpus_defaults`: below this many training pairs, the cpu preset trains with dropout.
-SMALL_CORPUS_PAIRS = 200_000
-SMALL_CORPUS_DROPOUT = 0.1
+# `corpus_defaults`: the `cpu` preset trains with dropout once its budget buys this many
+# passes over the training pairs; in fewer it keeps its own 0 (docs/training.md, "Dropout
+# by the passes"). Measured on Ding's full sentences, one core per run: dropout 0 ahead by
+# 3.7 validation chrF after 4 passes, level (-0.15) after 8.3.
+DROPOUT_PASSES = 8.0
+CORPUS_DROPOUT = 0.1
+# The `cpu` preset's seconds per step on 2 CPU cores, for the passes a time budget buys
+# before a model exists to time: the calibration's choice on a 2-core AMD EPYC Zen 4
+# (mixed_bfloat16, 210 ms; docs/performance.md, "Precision and XLA"). The Zen 5 of the
+# default run steps in about half that (12,855 steps in 22 minutes), so it makes about
+# twice the passes estimated here; one core in float32 about a third.
+CPU_STEP_SECONDS = 0.21
 
 
-def corpus_defaults(train_pairs, preset):
-    """Config overrides for a corpus of `train_pairs` training pairs
-    (docs/data.md, "Your own data").
+def budget_passes(config, batches_per_pass):
+    """The passes over the training pairs that `config`'s budget buys: its epochs x steps
+    batches, or fewer where its time budget ends first at `CPU_STEP_SECONDS` a step."""
+    steps = config.epochs * config.steps
+    if config.max_train_minutes is not None:  # 0: one step
+        steps = min(steps, max(1.0, 60 * config.max_train_minutes / CPU_STEP_SECONDS))
+    return steps / max(batches_per_pass, 1)
 
-    The `cpu` preset trains without dropout: it sees Ding's 377k pairs about
-    1.8 times in its 22 minutes. A corpus under 200k pairs is seen many
-    times in the same budget. Measured on Ding's 18k full sentences (2-core
-    AMD EPYC Zen 3, benchmarks/README.md "Own data"): in 10 minutes (6
-    passes) dropout 0 had stopped improving on the validation pairs while
-    0.1 still improved, and 0.1 ended ahead at 22 minutes; 0.3, the
-    published small-data recipes' value for runs of many more epochs, lost
-    7 chrF at 10 minutes. The `small` and `tiny` presets have 0.1 already.
+
+def corpus_defaults(passes, preset):
+    """Config overrides for a run that makes `passes` passes over its training pairs
+    (`budget_passes`; docs/data.md, "Your own data").
+
+    The `cpu` preset trains without dropout, as suits its default run: about 2
+    passes over Ding's 377k pairs in 22 minutes. A corpus its budget sees
+    `DROPOUT_PASSES` times or more trains with `CORPUS_DROPOUT`: measured on
+    Ding's 18k full sentences as one's own corpus (2-core AMD EPYC Zen 4, one
+    core per run, 2026-11-28, docs/training.md), dropout 0 led by 3.7 chrF after
+    4 passes and had lost the lead after 8.3; on a Zen 3 (2-core runs, 6 and 14
+    passes) 0.1 ended 1.2 chrF ahead. 0.3, the published small-data recipes'
+    value for runs of many more epochs, lost 7 chrF there at 10 minutes. The
+    `small` and `tiny` presets have 0.1 already.
 
     Returns:
         dict of `TransformerConfig` fields (possibly empty).
     """
-    if train_pairs < SMALL_CORPUS_PAIRS and preset == "cpu":
-        return {"dropout": SMALL_CORPUS_DROPOUT}
+    if passes >= DROPOUT_PASSES and preset == "cpu":
+        return {"dropout": CORPUS_DROPOUT}
     return {}
 
 
-def model_config(config, train_pairs=None, corpus="ding", finished=None):
-    """The `TransformerConfig` trained: the preset's, with the corpus's and the options'
-    overrides, or `--init-from`'s (whose architecture and vocabulary are kept).
+def model_config(config, finished=None):
+    """The `TransformerConfig` trained before the corpus's defaults (`corpus_picks`):
+    the preset's with the options' overrides, or `--init-from`'s (whose architecture
+    and vocabulary are kept).
 
     Args:
         config: the resolved `TrainingConfig`.
-        train_pairs, corpus: the corpus's training pairs and name (`corpus_defaults`
-            apply off Ding, whose pairs the presets were measured on).
         finished: `lifecycle.FinishedRun` of `--init-from`, or None.
-
-    Returns:
-        `(TransformerConfig, picked)`: `picked` the corpus-size defaults taken.
     """
     from keras_transformer.config import get_preset
 
@@ -130,14 +145,18 @@ def model_config(config, train_pairs=None, corpus="ding", finished=None):
                 f"--init-from {finished.work.path} keeps its {saved.vocab_size}-piece vocabulary. "
                 f"Received: vocab_size={config.vocab_size}"
             )
-        return dataclasses.replace(saved, **changes), {}
-    picked = {}
-    if corpus != "ding":  # the presets' defaults are measured on Ding
-        # What the command line sets is not picked (nor said to be).
-        picked = {
-            k: v for k, v in corpus_defaults(train_pairs, config.preset).items() if k not in changes
-        }
-    return get_preset(config.preset, **picked, **changes), picked
+        return dataclasses.replace(saved, **changes)
+    return get_preset(config.preset, **changes)
+
+
+def corpus_picks(config, passes, finished=None):
+    """What `corpus_defaults` changes in `model_config`'s config for a run of `passes`
+    passes: nothing the command line sets (nor said to be picked), nothing for
+    `--init-from` (whose model is kept)."""
+    if finished is not None:
+        return {}
+    changes = model_overrides(config)
+    return {k: v for k, v in corpus_defaults(passes, config.preset).items() if k not in changes}
 
 
 def model_overrides(config):
