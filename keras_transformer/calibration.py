@@ -194,6 +194,19 @@ def calibrated_model(build, candidate_list, batches, dataset, loss, key, seed, t
     return model, result
 
 
+def step_seconds(model, calibrated, batches, dataset, loss, timed_steps=6):
+    """The seconds a training step of `model` (the calibration's choice) takes here:
+    what the calibration measured (or cached) for it, or, where it measured nothing
+    (one candidate), timed now like a candidate, its weights and optimizer put back."""
+    measured = calibrated.measurements.get(calibrated.choice.name)
+    if measured is not None:
+        return measured.seconds_per_step
+    state = _training_state(model)
+    seconds = _measure_steps(model, batches, dataset, loss, timed_steps).seconds_per_step
+    _restore_training_state(model, state)
+    return seconds
+
+
 def _training_state(model):
     """The weights and optimizer variables of a compiled model whose optimizer is
     built (`build` builds it, in the strategy's scope), as numpy arrays."""

@@ -126,22 +126,75 @@ def test_the_passes_pick_dropout_unless_the_command_line_does(preset, passes, gi
     assert corpus_picks(config, passes, finished=object()) == {}  # --init-from keeps its model
 
 
-def test_the_pick_is_made_from_the_batches_per_pass_and_logged(caplog):
+def test_the_passes_settle_on_the_measured_step_are_logged_and_kept(caplog, tmp_path):
     import logging
 
-    from keras_transformer.training.inputs import _with_corpus_picks
+    from keras_transformer.training import budget
     from keras_transformer.training.presets import model_config
 
     config = TrainingConfig(preset="cpu").resolved()
-    preset = model_config(config)
-    with caplog.at_level(logging.INFO, logger="keras_transformer.training.inputs"):
-        made = _with_corpus_picks(config, preset, 278, None)  # Ding's full sentences
-    assert made == dataclasses.replace(preset, dropout=0.1)
+
+    def settled(batches_per_pass, work, seconds=None, cfg=config):
+        """`(dropout guessed, dropout settled)` of a run in `tmp_path / work`."""
+        caplog.clear()
+        path = tmp_path / work
+        path.mkdir(exist_ok=True)
+        preset = model_config(cfg)  # what `prepare_inputs` starts from
+        guess = budget.guess(cfg, preset, batches_per_pass, None, str(path))
+        with caplog.at_level(logging.INFO, logger="keras_transformer.training.budget"):
+            made, changed = budget.settle(cfg, guess, batches_per_pass, None, str(path), seconds)
+        assert changed == (made != guess)
+        assert made == dataclasses.replace(preset, dropout=made.dropout)
+        return guess.dropout, made.dropout
+
+    assert settled(278, "sentences") == (0.1, 0.1)  # Ding's full sentences: 22.6 passes
     assert "about 22.6 passes" in caplog.text and "278 batches each" in caplog.text
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="keras_transformer.training.inputs"):
-        assert _with_corpus_picks(config, preset, 2_576, None) == preset  # Ding's pairs
+    assert "0.21 s a step (the cpu preset's on 2 cores)" in caplog.text
+    # 22 minutes at 0.21 s a step are 6,286 steps: 785 batches a pass make 8.007 passes,
+    # 786 make 7.997.
+    assert (settled(785, "at8"), settled(786, "under8")) == ((0.1, 0.1), (0.0, 0.0))
+    assert settled(2_576, "ding", 0.103) == (0.0, 0.0)  # Ding's pairs on a Zen 5: 5.0
     assert not caplog.text  # nothing picked, nothing said
+    # The 100k-pair sample on one core in float32 (0.54 s a step): the guess's 9.2 passes
+    # are 3.6, so the model is built again without dropout.
+    assert settled(680, "sample", 0.54) == (0.1, 0.0)
+    assert budget.needs_timing(config, None, str(tmp_path / "new"))
+    # A run that resumes or continues the work directory keeps the first run's pick,
+    # though a larger budget buys more passes; the command line still overrides it.
+    assert not budget.needs_timing(config, None, str(tmp_path / "sample"))
+    longer = dataclasses.replace(config, max_train_minutes=120.0)  # 19.6 passes
+    assert settled(680, "sample", 0.54, longer) == (0.0, 0.0)
+    assert settled(786, "at8", None, longer) == (0.1, 0.1)
+    assert "as when the run in this work directory began" in caplog.text
+    assert settled(785, "at8", None, dataclasses.replace(config, dropout=0.2)) == (0.2, 0.2)
+    # Nothing to time where the rule picks nothing: another preset, --dropout given.
+    assert not budget.needs_timing(TrainingConfig(preset="small").resolved(), None, "new")
+    assert not budget.needs_timing(dataclasses.replace(config, dropout=0.0), None, "new")
+
+
+def test_a_run_settles_the_pick_on_its_measured_step_and_records_it(tmp_path):
+    """Through `training.run`: the guess at 0.21 s a step buys a 6-second budget about 3
+    passes (no dropout), the tiny model's measured step many more, so the model trained
+    has dropout 0.1."""
+    import json
+
+    from translation_fixtures import write_parallel_folder
+
+    from keras_transformer import training
+    from keras_transformer.training.budget import PICKS_FILE
+
+    folder = write_parallel_folder(tmp_path / "numbers", sizes=(300, 20, 20))
+    info = training.run(
+        preset="cpu", data_dir=str(folder), work_dir=str(tmp_path / "work"), vocab_size=64,
+        batch_tokens=512, d_model=32, num_heads=2, d_ff=64, encoder_layers=1,
+        decoder_layers=1, max_train_minutes=0.1, test_samples=2, beam_size=1,
+        export=False, dtype_policy="float32", jit_compile=False, workers=1,
+    )  # fmt: skip
+    batches = info["training"]["batches_per_pass"]
+    assert 6 / 0.21 / batches < DROPOUT_PASSES  # the guess
+    record = json.loads((tmp_path / "work" / PICKS_FILE).read_text())
+    assert record["passes"] >= DROPOUT_PASSES and record["picked"] == {"dropout": 0.1}
+    assert info["config"]["dropout"] == 0.1
 
 
 @pytest.mark.parametrize(
@@ -152,7 +205,7 @@ def test_the_pick_is_made_from_the_batches_per_pass_and_logged(caplog):
         (dict(), 2_576, 2.44),  # Ding's 377k pairs
         (dict(), 785, 8.0),  # the boundary
         (dict(epochs=2, steps=100), 20, 10.0),  # the steps end before the minutes
-        (dict(max_train_minutes=0), 20, 0.05),  # 0 minutes: one step
+        (dict(max_train_minutes=0), 1, 1.0),  # 0 minutes: one step
         (dict(preset="small"), 400, 10.0),  # no time budget: epochs x steps
     ],
 )

@@ -3,11 +3,12 @@
     options.py    TrainingConfig: every option once (type, default, help)
     checks.py     its values checked, a function per group of options
     flags.py      train.py's flags, made from TrainingConfig's fields
-    presets.py    what an option left unset means per preset; the corpus-size defaults
+    presets.py    what an option left unset means per preset; the corpus's defaults by passes
     machine.py    the hardware and the distribution, set up once and frozen
     lifecycle.py  new, resumed, continued or --init-from; the work directory; the budget
     inputs.py     corpus, model config, vocabulary and batches, made once per work directory
     tokens.py     the vocabulary and the tokenized training pairs (BPE-dropout's copies too)
+    budget.py     the corpus's defaults guessed, then settled on the measured step
     runner.py     `run()`: the stages as one sequence; the model built and compiled,
                   and `model.fit` with the run's callbacks and time budget
     finishing.py  float32 copy, checkpoint averaging, test decode, exports

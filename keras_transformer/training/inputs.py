@@ -23,13 +23,8 @@ from keras_transformer.data import (
     make_dataset,
     shards,
 )
-from keras_transformer.training import tokens
-from keras_transformer.training.presets import (
-    COMMON_DEFAULTS,
-    CPU_STEP_SECONDS,
-    budget_passes,
-    corpus_picks,
-)
+from keras_transformer.training import budget, tokens
+from keras_transformer.training.presets import COMMON_DEFAULTS
 from keras_transformer.training.presets import model_config as make_model_config
 
 logger = logging.getLogger(__name__)
@@ -91,32 +86,13 @@ def prepare_inputs(config, machine, work, finished=None):
     train, validation = _batches(config, machine, model_config, tokenized, passes, input_timer)
     stats = train.statistics()  # the plan of the first pass, which training then reads
     _log_batches(config, model_config, tokenized["train"], reused, tokenize_seconds, stats)
-    model_config = _with_corpus_picks(config, model_config, stats["batches"], finished)
+    # The corpus's picks at the cpu preset's step time; the runner settles them on this
+    # machine's (`budget.settle`).
+    model_config = budget.guess(config, model_config, stats["batches"], finished, work.path)
     return Inputs(
         data, model_config, tokenizer, train, make_dataset(train), make_dataset(validation),
         stats, input_timer, tokenize_seconds, glossary_record,
     )  # fmt: skip
-
-
-def _with_corpus_picks(config, model_config, batches_per_pass, finished):
-    """`model_config` with what the passes the budget buys pick (`presets.corpus_picks`),
-    logged."""
-    passes = budget_passes(config, batches_per_pass)
-    picked = corpus_picks(config, passes, finished)
-    if picked:
-        logger.info(
-            "The budget buys about %.1f passes over the training pairs (%d batches each, "
-            "%s): %s (docs/data.md, \"Your own data\"; --dropout overrides)", passes,
-            batches_per_pass, _budget(config), picked,
-        )  # fmt: skip
-    return dataclasses.replace(model_config, **picked)
-
-
-def _budget(config):
-    steps = f"{config.epochs * config.steps:,} steps"
-    if config.max_train_minutes is None:
-        return steps
-    return f"{config.max_train_minutes:g} minutes at {CPU_STEP_SECONDS} s a step, at most {steps}"
 
 
 def _batches(config, machine, model_config, tokenized, passes, timer):

@@ -1,8 +1,9 @@
 """The training defaults of each preset, and the model config a corpus implies.
 
 `TrainingConfig` (options.py) leaves what it is not given at None; these
-tables say what None means per preset, and `model_config` what a corpus of a
-given size changes in the preset's `TransformerConfig`.
+tables say what None means per preset, `model_config` the preset's
+`TransformerConfig` with the options' changes, and `corpus_defaults` what the
+passes a budget buys over a corpus change in it (budget.py settles them).
 """
 
 import dataclasses
@@ -95,12 +96,12 @@ CORPUS_DROPOUT = 0.1
 CPU_STEP_SECONDS = 0.21
 
 
-def budget_passes(config, batches_per_pass):
+def budget_passes(config, batches_per_pass, step_seconds=CPU_STEP_SECONDS):
     """The passes over the training pairs that `config`'s budget buys: its epochs x steps
-    batches, or fewer where its time budget ends first at `CPU_STEP_SECONDS` a step."""
+    batches, or fewer where its time budget ends first at `step_seconds` a step."""
     steps = config.epochs * config.steps
     if config.max_train_minutes is not None:  # 0: one step
-        steps = min(steps, max(1.0, 60 * config.max_train_minutes / CPU_STEP_SECONDS))
+        steps = min(steps, max(1.0, 60 * config.max_train_minutes / step_seconds))
     return steps / max(batches_per_pass, 1)
 
 

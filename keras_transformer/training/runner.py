@@ -23,7 +23,7 @@ from keras_transformer.evaluation import validation_loss
 from keras_transformer.model import Transformer
 from keras_transformer.recipe import compile_with_paper_recipe, paper_loss
 from keras_transformer.schedules import Cooldown, TransformerSchedule
-from keras_transformer.training import lifecycle
+from keras_transformer.training import budget, lifecycle
 from keras_transformer.training.finishing import export, finish
 from keras_transformer.training.inputs import prepare_inputs
 from keras_transformer.training.machine import set_up_machine
@@ -59,12 +59,13 @@ def run(config=None, /, **options):
     progress = lifecycle.run_progress(config, work)
 
     candidates = calibration.run_candidates(config, machine)
+    loss = paper_loss(inputs.model_config.pad_id, config.label_smoothing)
     model, calibrated = calibration.calibrated_model(
         functools.partial(build_model, config, machine, inputs.model_config, finished),
-        candidates, inputs.train_batches, inputs.train_ds,
-        paper_loss(inputs.model_config.pad_id, config.label_smoothing),
+        candidates, inputs.train_batches, inputs.train_ds, loss,
         calibration_key(config, machine, inputs.model_config, candidates), config.seed,
     )  # fmt: skip
+    model, inputs = settle_corpus_picks(model, calibrated, config, machine, inputs, finished, work)
     logger.info("Model: preset %s, %s parameters", config.preset, f"{model.count_params():,}")
     fitted = fit(model, config, work, inputs, finished, progress, calibrated, time.time() - started)
 
@@ -134,6 +135,26 @@ def build_model(config, machine, model_config, finished, precision):
             batches = model.optimizer._iterations
             batches.assign(finished.steps * config.accumulate_steps)
     return model
+
+
+def settle_corpus_picks(model, calibrated, config, machine, inputs, finished, work):
+    """`(model, inputs)` with the corpus's picks settled on the step time of the model
+    the calibration chose (`budget.settle`); the model is built again, from the same
+    seed, where they change its config. In a multi-worker run every worker keeps the
+    guess, so that all train one model."""
+    seconds = None
+    if budget.needs_timing(config, finished, work.path) and not is_multi_worker(machine.strategy):
+        loss = paper_loss(inputs.model_config.pad_id, config.label_smoothing)
+        seconds = calibration.step_seconds(
+            model, calibrated, inputs.train_batches, inputs.train_ds, loss
+        )
+    model_config, changed = budget.settle(
+        config, inputs.model_config, inputs.batch_stats["batches"], finished, work.path, seconds
+    )
+    if changed:
+        keras.utils.set_random_seed(config.seed)
+        model = build_model(config, machine, model_config, finished, calibrated.choice)
+    return model, dataclasses.replace(inputs, model_config=model_config)
 
 
 def calibration_key(config, machine, model_config, candidates):
