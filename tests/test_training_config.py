@@ -158,6 +158,8 @@ def test_the_passes_settle_on_the_measured_step_are_logged_and_kept(caplog, tmp_
     # The 100k-pair sample on one core in float32 (0.54 s a step): the guess's 9.2 passes
     # are 3.6, so the model is built again without dropout.
     assert settled(680, "sample", 0.54) == (0.1, 0.0)
+    assert "about 3.6 passes" in caplog.text and "0.540 s a step measured" in caplog.text
+    assert "the preset's own (under 8 passes; the model built again)" in caplog.text
     assert budget.needs_timing(config, None, str(tmp_path / "new"))
     # A run that resumes or continues the work directory keeps the first run's pick,
     # though a larger budget buys more passes; the command line still overrides it.

@@ -18,6 +18,7 @@ import os
 
 from keras_transformer.training.presets import (
     CPU_STEP_SECONDS,
+    DROPOUT_PASSES,
     budget_passes,
     corpus_picks,
     model_overrides,
@@ -79,13 +80,15 @@ def settle(config, model_config, batches_per_pass, finished, work_path, step_sec
         with open(os.path.join(work_path, PICKS_FILE), "w", encoding="utf-8") as f:
             json.dump({"passes": round(passes, 3), "picked": picked}, f)
     settled = dataclasses.replace(unpicked_config(config, finished), **picked)
-    if picked:
+    changed = settled != model_config
+    if picked or changed:  # what was picked, or that the guess's pick was dropped
         logger.info(
             "The budget buys about %.1f passes over the training pairs (%d batches each, "
             "%s): %s (docs/data.md, \"Your own data\"; --dropout overrides)",
-            passes, batches_per_pass, how, picked,
+            passes, batches_per_pass, how,
+            picked or f"the preset's own (under {DROPOUT_PASSES:g} passes; the model built again)",
         )  # fmt: skip
-    return settled, settled != model_config
+    return settled, changed
 
 
 def _budget(config, step_seconds):

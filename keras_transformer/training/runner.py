@@ -65,7 +65,9 @@ def run(config=None, /, **options):
         candidates, inputs.train_batches, inputs.train_ds, loss,
         calibration_key(config, machine, inputs.model_config, candidates), config.seed,
     )  # fmt: skip
-    model, inputs = settle_corpus_picks(model, calibrated, config, machine, inputs, finished, work)
+    model, inputs = settle_corpus_picks(
+        model, calibrated, config, machine, inputs, finished, work, loss
+    )
     logger.info("Model: preset %s, %s parameters", config.preset, f"{model.count_params():,}")
     fitted = fit(model, config, work, inputs, finished, progress, calibrated, time.time() - started)
 
@@ -137,14 +139,13 @@ def build_model(config, machine, model_config, finished, precision):
     return model
 
 
-def settle_corpus_picks(model, calibrated, config, machine, inputs, finished, work):
+def settle_corpus_picks(model, calibrated, config, machine, inputs, finished, work, loss):
     """`(model, inputs)` with the corpus's picks settled on the step time of the model
     the calibration chose (`budget.settle`); the model is built again, from the same
     seed, where they change its config. In a multi-worker run every worker keeps the
     guess, so that all train one model."""
     seconds = None
     if budget.needs_timing(config, finished, work.path) and not is_multi_worker(machine.strategy):
-        loss = paper_loss(inputs.model_config.pad_id, config.label_smoothing)
         seconds = calibration.step_seconds(
             model, calibrated, inputs.train_batches, inputs.train_ds, loss
         )
