@@ -109,15 +109,16 @@ def corpus_defaults(passes, preset):
     """Config overrides for a run that makes `passes` passes over its training pairs
     (`budget_passes`; docs/data.md, "Your own data").
 
-    The `cpu` preset trains without dropout, as suits its default run: about 2
-    passes over Ding's 377k pairs in 22 minutes. A corpus its budget sees
-    `DROPOUT_PASSES` times or more trains with `CORPUS_DROPOUT`: measured on
-    Ding's 18k full sentences as one's own corpus (2-core AMD EPYC Zen 4, one
-    core per run, 2026-11-28, docs/training.md), dropout 0 led by 3.7 chrF after
-    4 passes and had lost the lead after 8.3; on a Zen 3 (2-core runs, 6 and 14
-    passes) 0.1 ended 1.2 chrF ahead. 0.3, the published small-data recipes'
-    value for runs of many more epochs, lost 7 chrF there at 10 minutes. The
-    `small` and `tiny` presets have 0.1 already.
+    The `cpu` preset trains without dropout, as suits its default run: 2.4
+    passes over Ding's 377k pairs in 22 minutes on a 2-core Zen 4, about 5 on a
+    Zen 5. A corpus its budget sees `DROPOUT_PASSES` times or more trains with
+    `CORPUS_DROPOUT` (2-core AMD EPYC Zen 4, one core per run, 2026-11-28,
+    docs/training.md, "Dropout by the passes"): dropout 0 led by 3.7 chrF after
+    4 passes over Ding's 18k full sentences and by 3.4 and 5.3 after 3.7-3.9 over
+    a 100k-pair sample, and had lost the lead after 8.3; on a Zen 3 (2-core runs,
+    5.4-5.9 and 12-13.5 passes) 0 led by 2.1 and then 0.1 by 1.2. 0.3, the
+    published small-data recipes' value for runs of many more epochs, lost 7
+    chrF there at 10 minutes. The `small` and `tiny` presets have 0.1 already.
 
     Returns:
         dict of `TransformerConfig` fields (possibly empty).
