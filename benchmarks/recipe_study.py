@@ -174,6 +174,10 @@ EXTRA_TRIALS = (
     # Dropout by the passes the budget buys, on the pair samples: the second seeds.
     Trial("dropout_0_b", ("--dropout", "0", "--seed", "4321")),
     Trial("dropout_0.3_b", ("--dropout", "0.3", "--seed", "4321")),
+    # FFN 512 and dropout apart (2 x 2 with the second seed): the rule by passes picks
+    # 0.1 for FFN 512's extra passes and 0 for the preset's near the boundary.
+    Trial("d_ff_512_dropout_0_b", ("--d-ff", "512", "--dropout", "0", "--seed", "4321")),
+    Trial("dropout_0.1_b", ("--dropout", "0.1", "--seed", "4321")),
 )
 SMOKE_TRIALS = ("cpu_ref_a", "bpe_dropout_0.1")
 
