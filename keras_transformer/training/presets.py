@@ -116,7 +116,8 @@ def corpus_defaults(passes, preset):
     docs/training.md, "Dropout by the passes"): dropout 0 led by 3.7 chrF after
     4 passes over Ding's 18k full sentences and by 3.4 and 5.3 after 3.7-3.9 over
     a 100k-pair sample, and had lost the lead after 8.3; on a Zen 3 (2-core runs,
-    5.4-5.9 and 12-13.5 passes) 0 led by 2.1 and then 0.1 by 1.2. 0.3, the
+    5.4-5.9 and 12-13.5 passes) 0 led by 2.1 and then 0.1 by 1.2, and on a 30k-pair
+    sample (one core per run) 0 by 2.6 after 7 passes and 0.1 by 3.6 after 8.5. 0.3, the
     published small-data recipes' value for runs of many more epochs, lost 7
     chrF there at 10 minutes. The `small` and `tiny` presets have 0.1 already.
 
