@@ -27,11 +27,53 @@ tests/test_shipped_search.py.
 import json
 import logging
 import os
+import platform
+import sys
 
 from keras_transformer import frontend, terminology
 from keras_transformer.search import SearchConfig, output_limit
 
 logger = logging.getLogger(__name__)
+
+
+def int8_pairs_saturate(cpuinfo_path="/proc/cpuinfo"):
+    """True on x86 CPUs whose int8 GEMM, under CTranslate2's default backend there, can
+    saturate: AVX2 without VNNI (AVX512-VNNI or AVX-VNNI), from a vendor other than
+    Intel (where CTranslate2 uses MKL anyway). False where it cannot tell (no
+    /proc/cpuinfo) or on other machines."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or not os.path.isfile(cpuinfo_path):
+        return False
+    flags, vendor = set(), ""
+    with open(cpuinfo_path) as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key.strip() == "flags":
+                flags = set(value.split())
+            elif key.strip() == "vendor_id":
+                vendor = value.strip()
+            if flags and vendor:
+                break
+    return "avx2" in flags and not flags & {"avx512_vnni", "avx_vnni"} and vendor != "GenuineIntel"
+
+
+def import_ctranslate2():
+    """`ctranslate2`, imported with an int8 GEMM that adds its products in 32 bits.
+
+    CTranslate2 picks its CPU backend when it is imported: Intel MKL on Intel
+    CPUs, oneDNN elsewhere. On AVX2 without VNNI (AMD before Zen 4), oneDNN's
+    uint8 x int8 GEMM adds pairs of products in 16 bits and saturates them: on
+    a Zen 3 the test fixture's int8 greedy outputs were float32's for 40 of 100
+    sentences (chrF 64.5 against them), and with MKL for 84 (chrF 91.2). So there,
+    unless `CT2_USE_MKL` is set, it is set to 1 before the first import (the
+    wheels hold MKL). Imported earlier by other code, CTranslate2 keeps its
+    choice: `CTranslate2Translator` warns when int8 is asked for then.
+    """
+    if "ctranslate2" not in sys.modules and "CT2_USE_MKL" not in os.environ:
+        if int8_pairs_saturate():
+            os.environ["CT2_USE_MKL"] = "1"
+    import ctranslate2
+
+    return ctranslate2
 
 
 class CTranslate2Translator:
@@ -60,9 +102,9 @@ class CTranslate2Translator:
         intra_threads=0,
         device="cpu",
     ):
-        import ctranslate2
         import sentencepiece
 
+        ctranslate2 = import_ctranslate2()
         export_dir = frontend.newest_version(export_dir)  # .../ctranslate2: the newest version
         info_path = os.path.join(export_dir, "keras_transformer.json")
         if not os.path.isfile(info_path):
@@ -88,6 +130,18 @@ class CTranslate2Translator:
         self.translator = ctranslate2.Translator(
             export_dir, device=device, compute_type=compute_type, intra_threads=intra_threads
         )
+        if (
+            "int8" in self.translator.compute_type
+            and device == "cpu"
+            and os.environ.get("CT2_USE_MKL") != "1"
+            and int8_pairs_saturate()
+        ):
+            logger.warning(
+                "compute_type=%r on a CPU with AVX2 but no VNNI: CTranslate2's oneDNN int8 "
+                "GEMM saturates there and translations drift from float32's. Set "
+                "CT2_USE_MKL=1 before ctranslate2 is first imported (import_ctranslate2 "
+                "does), or use compute_type='float32'.", compute_type,
+            )  # fmt: skip
         ids = self.info
         self._pieces = [
             self.processor.id_to_piece(i) for i in range(self.processor.get_piece_size())
@@ -222,9 +276,7 @@ class CTranslate2Translator:
         banned = frontend.per_sentence(banned, len(texts), "banned")
         steering = dict(sampling_topk=sampling_topk, sampling_temperature=sampling_temperature)
         if sampling_topk != 1 and seed is not None:
-            import ctranslate2
-
-            ctranslate2.set_random_seed(int(seed))
+            import_ctranslate2().set_random_seed(int(seed))
         if glossary is not None:
             tags = self.processor.encode(list(terminology.TAGS))
             terminology.check_tags(terminology.tokenizer_has_tags(tags), "CTranslate2Translator")

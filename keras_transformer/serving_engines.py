@@ -122,7 +122,9 @@ def check_engine(config):
                 "an NVIDIA GPU, or serve with --device cpu."
             )
     if engine == "ctranslate2":
-        import ctranslate2
+        from keras_transformer.ctranslate2_translator import import_ctranslate2
+
+        ctranslate2 = import_ctranslate2()
 
         if config.device == "cuda" and ctranslate2.get_cuda_device_count() == 0:
             raise ValueError(

@@ -6,6 +6,7 @@ before TensorFlow initializes, so tests can run a real 2-replica
 torch (`make test` runs them with `KERAS_BACKEND=jax` and `=torch`).
 """
 
+import importlib.util
 import logging
 import os
 import tempfile
@@ -27,6 +28,14 @@ if keras.backend.backend() == "tensorflow":
     tf.config.set_logical_device_configuration(
         _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2
     )
+
+
+# CTranslate2 picks its int8 GEMM when it is first imported, and test modules import it
+# at collection (pytest.importorskip): first through the package, as its own code does.
+if importlib.util.find_spec("ctranslate2") is not None:
+    from keras_transformer.ctranslate2_translator import import_ctranslate2
+
+    import_ctranslate2()
 
 
 # Put on a subprocess's PYTHONPATH by tests/test_without_tensorflow.py; imported

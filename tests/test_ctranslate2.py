@@ -136,6 +136,55 @@ def test_int8_translates_as_float32_does_on_most_sentences(export):
     assert sacrebleu.corpus_chrf(outputs, [expected]).score >= 90.0
 
 
+@pytest.mark.parametrize(
+    "vendor, flags, saturates",
+    [
+        ("AuthenticAMD", "avx avx2 fma", True),  # Zen 3: oneDNN's u8s8 GEMM, 16-bit pairs
+        ("AuthenticAMD", "avx2 avx512f avx512_vnni", False),  # Zen 4
+        ("GenuineIntel", "avx avx2", False),  # CTranslate2 uses MKL on Intel anyway
+        ("AuthenticAMD", "sse4_2 avx", False),  # no int8 GEMM of AVX2 to saturate
+    ],
+)
+def test_the_cpus_whose_int8_saturates(tmp_path, vendor, flags, saturates):
+    from keras_transformer.ctranslate2_translator import int8_pairs_saturate
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\nflags\t\t: fpu {flags}\n")
+    assert int8_pairs_saturate(str(cpuinfo)) is saturates
+    assert int8_pairs_saturate(str(tmp_path / "absent")) is False
+
+
+def test_ctranslate2_is_imported_with_mkl_where_int8_saturates():
+    """In a fresh process without CT2_USE_MKL, the package's import sets it to 1 exactly
+    on the CPUs whose default int8 GEMM saturates (this machine's answer, either way);
+    a value the user set is kept."""
+    code = (
+        "import os; from keras_transformer.ctranslate2_translator import "
+        "import_ctranslate2, int8_pairs_saturate; import_ctranslate2(); "
+        "print(os.environ.get('CT2_USE_MKL'), int8_pairs_saturate())"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "CT2_USE_MKL"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, check=True).stdout.split()  # fmt: skip
+    assert out in (["1", "True"], ["None", "False"]), out
+    env["CT2_USE_MKL"] = "0"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, check=True).stdout.split()  # fmt: skip
+    assert out[0] == "0"
+
+
+def test_int8_warns_where_ctranslate2_kept_a_saturating_gemm(export, monkeypatch, caplog):
+    from keras_transformer import CTranslate2Translator, ctranslate2_translator
+
+    monkeypatch.setattr(ctranslate2_translator, "int8_pairs_saturate", lambda: True)
+    monkeypatch.setenv("CT2_USE_MKL", "0")
+    with caplog.at_level("WARNING", "keras_transformer"):
+        CTranslate2Translator.load(export[1])
+        assert not caplog.records
+        CTranslate2Translator.load(export[1], compute_type="int8")
+    assert "CT2_USE_MKL=1" in caplog.text and "saturates" in caplog.text
+
+
 def test_the_int8_checks_fail_when_compute_type_is_ignored(export, monkeypatch):
     """The mutation the checks above are for: a translator that drops `compute_type`
     (float32 weights served as "int8") agrees with float32 on every sentence, which the
