@@ -51,9 +51,11 @@ train: install corpus
 # Every extra is installed here: a test skipped for a missing package fails
 # (tests/conftest.py). The backend of each run is set, never the environment's.
 # Each run ends with its 25 slowest tests (the time budget: docs/development.md).
+# The TensorFlow run takes two worker processes, a test file each (pytest-xdist):
+# alone it took 92 minutes on a 2-core Zen 3 where a Zen 4 took 37.
 PYTEST := KERAS_TRANSFORMER_REQUIRE_EXTRAS=1 $(PY) -m pytest --durations=25
 test: install corpus browser lint
-	KERAS_BACKEND=tensorflow $(PYTEST) $(PYTEST_ARGS)
+	KERAS_BACKEND=tensorflow $(PYTEST) -n 2 --dist loadfile $(PYTEST_ARGS)
 	KERAS_BACKEND=jax $(PYTEST) -m multibackend $(PYTEST_ARGS)
 	KERAS_BACKEND=torch $(PYTEST) -m multibackend $(PYTEST_ARGS)
 
