@@ -25,6 +25,8 @@ import os
 
 import numpy as np
 
+from keras_transformer.ctranslate2_translator import import_ctranslate2
+
 FORMAT = "ctranslate2"
 
 
@@ -94,8 +96,6 @@ def transformer_spec(model, pieces):
         pieces: list of str, the SentencePiece pieces in id order (the model's
             rows beyond them, if any, get placeholder names).
     """
-    from keras_transformer.ctranslate2_translator import import_ctranslate2
-
     import_ctranslate2()  # first, so that this process's CTranslate2 picks its int8 GEMM
     from ctranslate2.specs import common_spec
     from ctranslate2.specs import transformer_spec as specs
