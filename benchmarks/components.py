@@ -55,7 +55,7 @@ def projection_pair(batch, length, d_model, num_heads):
     """(EinsumDense layers, HeadDense layers with the same weights, input)."""
     import keras
 
-    from keras_transformer.layers.attention import HeadDense
+    from keras_transformer.layers.head_dense import HeadDense
 
     head_dim = d_model // num_heads
     split = dict(equation="btd,dnh->btnh", output_shape=(None, num_heads, head_dim), bias_axes="nh")

@@ -17,61 +17,22 @@ import keras
 from keras import ops
 
 from keras_transformer.layers.dropout import Dropout
+from keras_transformer.layers.head_dense import HeadDense
 from keras_transformer.layers.incremental import (  # noqa: F401  (importable from here too)
     _NEG_INF,
     IncrementalAttention,
     padding_bias,
     step_layout,
 )
+from keras_transformer.layers.keras_attention import FromKerasAttention
 from keras_transformer.layers.masks import keras_mask, merge_masks
-
-
-class HeadDense(keras.layers.EinsumDense):
-    """`EinsumDense` that splits `(B, T, D) -> (B, T, N, H)` or merges heads back.
-
-    Same weights (kernel `(D, N, H)` or `(N, H, D)`) and math as
-    `EinsumDense("btd,dnh->btnh")` / `("btnh,nhd->btd")`, computed as one
-    matmul over flattened head axes. Under TensorFlow with static shapes,
-    Keras runs those einsums as a `BatchMatMulV2` that broadcasts the kernel
-    over the batch, whose kernel gradient builds a `(B, D, N * H)` tensor and
-    sums it; `ops.matmul` of a 3-D input and a 2-D kernel is one `MatMul`
-    forward and backward: 1.75x to 2.07x faster forward + backward
-    (`benchmarks/README.md`, "Components").
-    """
-
-    def __init__(self, merge_heads, **kwargs):
-        super().__init__(**kwargs)
-        self.merge_heads = merge_heads
-
-    def call(self, inputs, training=None):
-        kernel = self.kernel
-        if self.merge_heads:  # (B, T, N, H) @ (N, H, *O), O = (D,) unless `output_shape` says
-            num_heads, head_dim, *units = kernel.shape
-            inputs = ops.reshape(inputs, (*ops.shape(inputs)[:-2], num_heads * head_dim))
-            kernel = ops.reshape(kernel, (num_heads * head_dim, math.prod(units)))
-            outputs = ops.matmul(inputs, kernel)
-            if len(units) != 1:  # (B, T, prod(O)) -> (B, T, *O)
-                outputs = ops.reshape(outputs, (*ops.shape(inputs)[:-1], *units))
-        else:  # (B, T, D) @ (D, N, H)
-            units, num_heads, head_dim = kernel.shape
-            outputs = ops.matmul(inputs, ops.reshape(kernel, (units, num_heads * head_dim)))
-            # The shape comes from `inputs`: read from `outputs` (a tf.tensordot), tf2onnx
-            # folds the two reshapes into one with the wrong target shape.
-            outputs = ops.reshape(outputs, (*ops.shape(inputs)[:-1], num_heads, head_dim))
-        if self.bias is not None:
-            outputs = ops.add(outputs, self.bias)
-        return outputs
-
-    def get_config(self):
-        return {**super().get_config(), "merge_heads": self.merge_heads}
-
 
 # Keras's `attention_axes` for a `(B, T, D)` query: the sequence axis, the only one here.
 _SEQUENCE_AXES = (None, 1, -2, (1,), (-2,), [1], [-2])
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class MultiHeadAttention(IncrementalAttention, keras.layers.Layer):
+class MultiHeadAttention(FromKerasAttention, IncrementalAttention, keras.layers.Layer):
     """Multi-head attention of "Attention Is All You Need", Section 3.2.
 
     `MultiHead(Q, K, V) = Concat(head_1, ..., head_N) W^O` with
@@ -303,85 +264,6 @@ class MultiHeadAttention(IncrementalAttention, keras.layers.Layer):
             self.output_dense = self._output_projection((query_shape[-1],))
         self.output_dense.build((query_shape[0], query_shape[1], self.num_heads, self.value_dim))
         self.built = True
-
-    @classmethod
-    def from_keras(cls, layer, **kwargs):
-        """A `MultiHeadAttention` with the arguments and weights of a built
-        `keras.layers.MultiHeadAttention` (or a subclass, e.g. keras-hub's
-        `CachedMultiHeadAttention`); `kwargs` override arguments
-        (`use_fused_attention=True`, `name=...`).
-
-        The result computes what `layer` computes on `(B, T, D)` inputs,
-        masks included. Refused: gated attention (`use_gate`),
-        `sliding_window`, attention over other axes than the sequence.
-        """
-        if not isinstance(layer, keras.layers.MultiHeadAttention):
-            raise TypeError(
-                "from_keras copies a keras.layers.MultiHeadAttention. "
-                f"Received: {type(layer).__name__}"
-            )
-        if not layer.built:
-            raise ValueError(
-                f"Keras layer '{layer.name}' has no weights yet: call it once, or build it "
-                "with layer.build(query_shape, value_shape)"
-            )
-        for argument, default in (("_use_gate", False), ("_sliding_window", None)):
-            if getattr(layer, argument, default) != default:
-                raise ValueError(
-                    f"from_keras does not build {argument[1:]}. Received: "
-                    f"{argument[1:]}={getattr(layer, argument)}"
-                )
-        if len(layer.query_dense.kernel.shape) != 3:
-            raise ValueError(
-                "from_keras copies attention over the sequence of (B, T, D) inputs. Received: "
-                f"attention_axes={layer.attention_axes}, query kernel of shape "
-                f"{tuple(layer.query_dense.kernel.shape)}"
-            )
-        arguments = dict(
-            num_heads=layer.num_heads,
-            key_dim=layer.key_dim,
-            value_dim=layer.value_dim,
-            dropout=layer.dropout,
-            use_bias=layer.use_bias,
-            output_shape=getattr(layer, "_output_shape", None) or None,
-            kernel_initializer=keras.initializers.serialize(layer._kernel_initializer),
-            bias_initializer=keras.initializers.serialize(layer._bias_initializer),
-            kernel_regularizer=keras.regularizers.serialize(layer._kernel_regularizer),
-            bias_regularizer=keras.regularizers.serialize(layer._bias_regularizer),
-            kernel_constraint=keras.constraints.serialize(layer._kernel_constraint),
-            bias_constraint=keras.constraints.serialize(layer._bias_constraint),
-            seed=getattr(layer, "seed", None),
-            dtype=layer.dtype_policy,
-            name=layer.name,
-        )
-        ours = cls(**(arguments | kwargs))
-        ours.build(
-            (None, None, layer.query_dense.kernel.shape[0]),
-            (None, None, layer.value_dense.kernel.shape[0]),
-            (None, None, layer.key_dense.kernel.shape[0]),
-        )
-        ours.copy_weights_from(layer)
-        return ours
-
-    def copy_weights_from(self, layer):
-        """Copies the four projections of a built `keras.layers.MultiHeadAttention`
-        of the same shapes into this built layer."""
-        pairs = (
-            (self.query_dense, layer.query_dense),
-            (self.key_dense, layer.key_dense),
-            (self.value_dense, layer.value_dense),
-            (self.output_dense, layer.output_dense),
-        )
-        for mine, theirs in pairs:
-            weights = theirs.get_weights()
-            expected = [tuple(w.shape) for w in mine.weights]
-            if [tuple(w.shape) for w in weights] != expected:
-                raise ValueError(
-                    f"'{theirs.name}' of '{layer.name}' has weights of shapes "
-                    f"{[tuple(w.shape) for w in weights]}; '{mine.name}' of '{self.name}' "
-                    f"needs {expected}"
-                )
-            mine.set_weights(weights)
 
     def compute_key_value(self, value, key=None):
         """Projects keys and values once, e.g. the encoder output for cross-attention.
