@@ -92,7 +92,9 @@ CORPUS_DROPOUT = 0.1
 # before a model exists to time: the calibration's choice on a 2-core AMD EPYC Zen 4
 # (mixed_bfloat16, 210 ms; docs/performance.md, "Precision and XLA"). The Zen 5 of the
 # default run steps in about half that (12,855 steps in 22 minutes), so it makes about
-# twice the passes estimated here; one core in float32 about a third.
+# twice the passes estimated here; one core in float32 about a third. Measured with
+# FFN 1024, the preset's width until 2026-11-29: FFN 512 steps 18-25% faster, which
+# the calibration's measured step then puts right (`training/budget.py`).
 CPU_STEP_SECONDS = 0.21
 
 
