@@ -127,7 +127,8 @@ class Trial:
 
 # In priority order: `run` takes the first trials that have a core. The `cpu` preset on
 # a corpus of this size: 4k BPE, 2 + 2 layers of 256, FFN 1024 (512 since 2026-11-29,
-# after every trial in benchmarks/results: `d_ff_512` is the preset now), dropout 0.1 (the
+# after every trial in benchmarks/results: `cpu_ref_a` is `d_ff_512` now, and
+# `d_ff_1024` the reference of then), dropout 0.1 (the
 # trials of 2026-11-28: `corpus_defaults` then gave it under 200k pairs; since, by the
 # passes a trial's measured step buys), peak learning rate 1.8e-3 = 0.5 x (256 x 300)^-0.5 after 300
 # warm-up steps, label smoothing 0.1, EMA 0.999.

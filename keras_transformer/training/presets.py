@@ -93,7 +93,7 @@ CORPUS_DROPOUT = 0.1
 # (mixed_bfloat16, 210 ms; docs/performance.md, "Precision and XLA"). The Zen 5 of the
 # default run steps in about half that (12,855 steps in 22 minutes), so it makes about
 # twice the passes estimated here; one core in float32 about a third. Measured with
-# FFN 1024, the preset's width until 2026-11-29: FFN 512 steps 18-25% faster, which
+# FFN 1024, the preset's width until 2026-11-29: FFN 512 makes 14-25% more steps, which
 # the calibration's measured step then puts right (`training/budget.py`).
 CPU_STEP_SECONDS = 0.21
 
