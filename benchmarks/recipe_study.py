@@ -181,6 +181,10 @@ EXTRA_TRIALS = (
     # 0.1 for FFN 512's extra passes and 0 for the preset's near the boundary.
     Trial("d_ff_512_dropout_0_b", ("--d-ff", "512", "--dropout", "0", "--seed", "4321")),
     Trial("dropout_0.1_b", ("--dropout", "0.1", "--seed", "4321")),
+    # The defaults when issue 54 was filed (must show 2's reference): FFN 1024 and dropout
+    # 0.1 under 200k pairs, against `cpu_ref_a` / `cpu_ref_b`, the rules of now.
+    Trial("as_filed", ("--d-ff", "1024", "--dropout", "0.1"), "the defaults of issue 54's filing"),
+    Trial("as_filed_b", ("--d-ff", "1024", "--dropout", "0.1", "--seed", "4321")),
 )
 SMOKE_TRIALS = ("cpu_ref_a", "bpe_dropout_0.1")
 

@@ -13,7 +13,7 @@ from keras_transformer.config import get_preset
 from keras_transformer.losses import LabelSmoothedCrossEntropy, MaskedAccuracy
 from keras_transformer.schedules import TransformerSchedule
 from keras_transformer.training.options import TrainingConfig
-from keras_transformer.training.presets import COMMON_DEFAULTS, DROPOUT_PASSES, TRAINING_DEFAULTS
+from keras_transformer.training.presets import COMMON_DEFAULTS, DROPOUT_RAMP, TRAINING_DEFAULTS
 
 
 @pytest.mark.parametrize("preset", sorted(TRAINING_DEFAULTS))
@@ -106,8 +106,15 @@ def _metrics(model):
 @pytest.mark.parametrize(
     "preset, passes, given, expected",
     [
-        ("cpu", DROPOUT_PASSES, None, 0.1),  # at the boundary: the measured pick
-        ("cpu", DROPOUT_PASSES - 0.01, None, 0.0),  # just under it: the preset's own 0
+        ("cpu", DROPOUT_RAMP[0], None, 0.0),  # the ramp's start: the preset's own 0
+        ("cpu", DROPOUT_RAMP[0] + 0.1, None, 0.0),  # 0.0025, rounded to the preset's 0
+        ("cpu", DROPOUT_RAMP[0] + 0.3, None, 0.01),  # the first step up: 0.0075
+        ("cpu", 7.1, None, 0.03),  # the 30k-pair sample's FFN 1024 trials on one core
+        ("cpu", 8.0, None, 0.05),  # the ramp's middle (the step of 2026-11-28)
+        ("cpu", 8.1, None, 0.05),  # FFN 512 there
+        ("cpu", DROPOUT_RAMP[1] - 0.3, None, 0.09),  # 0.0925
+        ("cpu", DROPOUT_RAMP[1], None, 0.1),  # the ramp's end
+        ("cpu", 22.6, None, 0.1),  # Ding's full sentences in the default run's budget
         ("cpu", 22.6, 0.0, 0.0),  # --dropout 0 wins over the pick
         ("cpu", 1.9, 0.3, 0.3),  # and over the preset's
         ("small", 1.0, None, 0.1),  # the preset's own, whatever the passes
@@ -150,25 +157,28 @@ def test_the_passes_settle_on_the_measured_step_are_logged_and_kept(caplog, tmp_
     assert settled(278, "sentences") == (0.1, 0.1)  # Ding's full sentences: 22.6 passes
     assert "about 22.6 passes" in caplog.text and "278 batches each" in caplog.text
     assert "0.21 s a step (the cpu preset's on 2 cores)" in caplog.text
-    # 22 minutes at 0.21 s a step are 6,286 steps: 785 batches a pass make 8.007 passes,
-    # 786 make 7.997.
-    assert (settled(785, "at8"), settled(786, "under8")) == ((0.1, 0.1), (0.0, 0.0))
+    # 22 minutes at 0.21 s a step are 6,286 steps: 628 batches a pass make 10.01 passes (the
+    # ramp's end), 785 make 8.007 (its middle), 1,048 make 5.998 (under its start).
+    assert settled(628, "end") == (0.1, 0.1)
+    assert settled(785, "middle") == (0.05, 0.05)
+    assert "about 8.0 passes" in caplog.text and "{'dropout': 0.05}" in caplog.text
+    assert settled(1_048, "start") == (0.0, 0.0)
     assert settled(2_576, "ding", 0.103) == (0.0, 0.0)  # Ding's pairs on a Zen 5: 5.0
     assert not caplog.text  # nothing picked, nothing said
     # The 100k-pair sample on one core in float32 (0.54 s a step): the guess's 9.2 passes
     # are 3.6, so the model is built again without dropout.
-    assert settled(680, "sample", 0.54) == (0.1, 0.0)
+    assert settled(680, "sample", 0.54) == (0.08, 0.0)
     assert "about 3.6 passes" in caplog.text and "0.540 s a step measured" in caplog.text
-    assert "the preset's own (under 8 passes; the model built again)" in caplog.text
+    assert "the preset's own (about 6 passes or fewer; the model built again)" in caplog.text
     assert budget.needs_timing(config, None, str(tmp_path / "new"))
     # A run that resumes or continues the work directory keeps the first run's pick,
     # though a larger budget buys more passes; the command line still overrides it.
     assert not budget.needs_timing(config, None, str(tmp_path / "sample"))
     longer = dataclasses.replace(config, max_train_minutes=120.0)  # 19.6 passes
     assert settled(680, "sample", 0.54, longer) == (0.0, 0.0)
-    assert settled(786, "at8", None, longer) == (0.1, 0.1)
+    assert settled(785, "middle", None, longer) == (0.05, 0.05)
     assert "as when the run in this work directory began" in caplog.text
-    assert settled(785, "at8", None, dataclasses.replace(config, dropout=0.2)) == (0.2, 0.2)
+    assert settled(785, "middle", None, dataclasses.replace(config, dropout=0.2)) == (0.2, 0.2)
     # Nothing to time where the rule picks nothing: another preset, --dropout given.
     assert not budget.needs_timing(TrainingConfig(preset="small").resolved(), None, "new")
     assert not budget.needs_timing(dataclasses.replace(config, dropout=0.0), None, "new")
@@ -193,9 +203,9 @@ def test_a_run_settles_the_pick_on_its_measured_step_and_records_it(tmp_path):
         export=False, dtype_policy="float32", jit_compile=False, workers=1,
     )  # fmt: skip
     batches = info["training"]["batches_per_pass"]
-    assert 6 / 0.21 / batches < DROPOUT_PASSES  # the guess
+    assert 6 / 0.21 / batches < DROPOUT_RAMP[0]  # the guess: no dropout
     record = json.loads((tmp_path / "work" / PICKS_FILE).read_text())
-    assert record["passes"] >= DROPOUT_PASSES and record["picked"] == {"dropout": 0.1}
+    assert record["passes"] >= DROPOUT_RAMP[1] and record["picked"] == {"dropout": 0.1}
     assert info["config"]["dropout"] == 0.1
 
 
@@ -205,7 +215,7 @@ def test_a_run_settles_the_pick_on_its_measured_step_and_records_it(tmp_path):
         # The default run: 22 minutes at 0.21 s a step, 6,286 steps.
         (dict(), 278, 22.6),  # Ding's full sentences as one's own corpus
         (dict(), 2_576, 2.44),  # Ding's 377k pairs
-        (dict(), 785, 8.0),  # the boundary
+        (dict(), 785, 8.0),  # the dropout ramp's middle
         (dict(epochs=2, steps=100), 20, 10.0),  # the steps end before the minutes
         (dict(max_train_minutes=0), 1, 1.0),  # 0 minutes: one step
         (dict(preset="small"), 400, 10.0),  # no time budget: epochs x steps

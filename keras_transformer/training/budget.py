@@ -18,7 +18,7 @@ import os
 
 from keras_transformer.training.presets import (
     CPU_STEP_SECONDS,
-    DROPOUT_PASSES,
+    DROPOUT_RAMP,
     budget_passes,
     corpus_picks,
     model_overrides,
@@ -86,7 +86,7 @@ def settle(config, model_config, batches_per_pass, finished, work_path, step_sec
             "The budget buys about %.1f passes over the training pairs (%d batches each, "
             "%s): %s (docs/data.md, \"Your own data\"; --dropout overrides)",
             passes, batches_per_pass, how,
-            picked or f"the preset's own (under {DROPOUT_PASSES:g} passes; the model built again)",
+            picked or f"the preset's own (about {DROPOUT_RAMP[0]:g} passes or fewer; the model built again)",
         )  # fmt: skip
     return settled, changed
 

@@ -22,7 +22,7 @@ from keras_transformer.training.checks import DTYPE_POLICIES, check
 from keras_transformer.training.presets import (
     COMMON_DEFAULTS,
     CORPUS_DROPOUT,
-    DROPOUT_PASSES,
+    DROPOUT_RAMP,
     TRAINING_DEFAULTS,
 )
 
@@ -63,8 +63,9 @@ class TrainingConfig:
         metavar="K",
     )  # fmt: skip
     dropout: float | None = _option(
-        help=f"dropout of the model (the preset's; with --preset cpu, {CORPUS_DROPOUT} where "
-        f"the budget buys {DROPOUT_PASSES:g} passes or more over the training pairs)"
+        help=f"dropout of the model (the preset's; with --preset cpu, 0 where the budget buys "
+        f"{DROPOUT_RAMP[0]:g} passes or fewer over the training pairs, growing linearly to "
+        f"{CORPUS_DROPOUT} at {DROPOUT_RAMP[1]:g} passes and more)"
     )
     attention_dropout: float | None = _option(
         help="dropout of the attention probabilities (the preset's: 0, as in the paper; "

@@ -82,11 +82,14 @@ COMMON_DEFAULTS = dict(
     bpe_dropout_copies=BPE_DROPOUT_COPIES,
 )
 
-# `corpus_defaults`: the `cpu` preset trains with dropout once its budget buys this many
-# passes over the training pairs; in fewer it keeps its own 0 (docs/training.md, "Dropout
-# by the passes"). Measured on Ding's full sentences, one core per run: dropout 0 ahead by
-# 3.7 validation chrF after 4 passes, level (-0.15) after 8.3.
-DROPOUT_PASSES = 8.0
+# `corpus_defaults`: the `cpu` preset's dropout grows with the passes its budget buys over
+# the training pairs, from its own 0 up to `DROPOUT_RAMP[0]` passes, linearly to
+# `CORPUS_DROPOUT` at `DROPOUT_RAMP[1]` and on (docs/training.md, "Dropout by the passes").
+# Measured, one core per run: dropout 0 ahead of 0.1 by 2.1 to 5.3 chrF at 3.7 to 7.4
+# passes, level or behind at 8.3 to 8.6 (-0.15 on Ding's sentences, -3.55 on a 30k-pair
+# sample), 0.1 ahead by 1.2 at 12 to 13.5; a step at 8 passes put runs a few hundred steps
+# apart on the two sides of a 3-chrF cliff.
+DROPOUT_RAMP = (6.0, 10.0)
 CORPUS_DROPOUT = 0.1
 # The `cpu` preset's seconds per step on 2 CPU cores, for the passes a time budget buys
 # before a model exists to time: the calibration's choice on a 2-core AMD EPYC Zen 4
@@ -113,8 +116,9 @@ def corpus_defaults(passes, preset):
 
     The `cpu` preset trains without dropout, as suits its default run: 2.4
     passes over Ding's 377k pairs in 22 minutes on a 2-core Zen 4, about 5 on a
-    Zen 5. A corpus its budget sees `DROPOUT_PASSES` times or more trains with
-    `CORPUS_DROPOUT` (2-core AMD EPYC Zen 4, one core per run, 2026-11-28,
+    Zen 5. A corpus its budget sees more than `DROPOUT_RAMP[0]` times trains with
+    dropout, growing linearly to `CORPUS_DROPOUT` at `DROPOUT_RAMP[1]` passes and
+    more (2-core AMD EPYC Zen 4, one core per run, 2026-11-28,
     docs/training.md, "Dropout by the passes"): dropout 0 led by 3.7 chrF after
     4 passes over Ding's 18k full sentences and by 3.4 and 5.3 after 3.7-3.9 over
     a 100k-pair sample, and had lost the lead after 8.3; on a Zen 3 (2-core runs,
@@ -126,9 +130,10 @@ def corpus_defaults(passes, preset):
     Returns:
         dict of `TransformerConfig` fields (possibly empty).
     """
-    if passes >= DROPOUT_PASSES and preset == "cpu":
-        return {"dropout": CORPUS_DROPOUT}
-    return {}
+    low, high = DROPOUT_RAMP
+    share = min(1.0, max(0.0, (passes - low) / (high - low)))
+    dropout = round(CORPUS_DROPOUT * share, 2)  # in steps of 0.01, for the log and run.json
+    return {"dropout": dropout} if preset == "cpu" and dropout else {}
 
 
 def model_config(config, finished=None):
