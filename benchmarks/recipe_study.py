@@ -177,8 +177,9 @@ EXTRA_TRIALS = (
     # Dropout by the passes the budget buys, on the pair samples: the second seeds.
     Trial("dropout_0_b", ("--dropout", "0", "--seed", "4321")),
     Trial("dropout_0.3_b", ("--dropout", "0.3", "--seed", "4321")),
-    # FFN 512 and dropout apart (2 x 2 with the second seed): the rule by passes picks
-    # 0.1 for FFN 512's extra passes and 0 for the preset's near the boundary.
+    # FFN 512 and dropout apart (2 x 2 with the second seed): the step rule of 2026-11-28
+    # picked 0.1 for FFN 512's extra passes and 0 for the preset's near its boundary at 8
+    # (the ramp since 2026-11-29 gives both 0.03 to 0.09).
     Trial("d_ff_512_dropout_0_b", ("--d-ff", "512", "--dropout", "0", "--seed", "4321")),
     Trial("dropout_0.1_b", ("--dropout", "0.1", "--seed", "4321")),
     # The defaults when issue 54 was filed (must show 2's reference): FFN 1024 and dropout
