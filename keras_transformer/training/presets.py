@@ -116,9 +116,10 @@ def corpus_defaults(passes, preset):
 
     The `cpu` preset trains without dropout, as suits its default run: 2.4
     passes over Ding's 377k pairs in 22 minutes on a 2-core Zen 4, about 5 on a
-    Zen 5. A corpus its budget sees more than `DROPOUT_RAMP[0]` times (about 6.2, after
-    rounding to 0.01) trains with dropout, growing linearly to `CORPUS_DROPOUT` at `DROPOUT_RAMP[1]` passes and
-    more (2-core AMD EPYC Zen 4, one core per run, 2026-11-28,
+    Zen 5. A corpus its budget sees more than `DROPOUT_RAMP[0]` times (about 6.2,
+    after rounding to 0.01) trains with dropout, growing linearly to
+    `CORPUS_DROPOUT` at `DROPOUT_RAMP[1]` passes and more (2-core AMD EPYC Zen 4,
+    one core per run, 2026-11-28,
     docs/training.md, "Dropout by the passes"): dropout 0 led by 3.7 chrF after
     4 passes over Ding's 18k full sentences and by 3.4 and 5.3 after 3.7-3.9 over
     a 100k-pair sample, and had lost the lead after 8.3; on a Zen 3 (2-core runs,
