@@ -86,7 +86,8 @@ def settle(config, model_config, batches_per_pass, finished, work_path, step_sec
             "The budget buys about %.1f passes over the training pairs (%d batches each, "
             "%s): %s (docs/data.md, \"Your own data\"; --dropout overrides)",
             passes, batches_per_pass, how,
-            picked or f"the preset's own (about {DROPOUT_RAMP[0]:g} passes or fewer; the model built again)",
+            picked or f"the preset's own (about {DROPOUT_RAMP[0]:g} passes or fewer; "
+            "the model built again)",
         )  # fmt: skip
     return settled, changed
 
