@@ -186,6 +186,10 @@ EXTRA_TRIALS = (
     # 0.1 under 200k pairs, against `cpu_ref_a` / `cpu_ref_b`, the rules of now.
     Trial("as_filed", ("--d-ff", "1024", "--dropout", "0.1"), "the defaults of issue 54's filing"),
     Trial("as_filed_b", ("--d-ff", "1024", "--dropout", "0.1", "--seed", "4321")),
+    # The learning rate to 0 over the last fifth of the budget (`--cooldown`), where the
+    # 30k-pair sample's validation loss stops falling after about 8 of its 10 passes.
+    Trial("cooldown_0.2", ("--cooldown", "0.2"), "warm-up, stable, decay to 0"),
+    Trial("cooldown_0.2_b", ("--cooldown", "0.2", "--seed", "4321")),
 )
 SMOKE_TRIALS = ("cpu_ref_a", "bpe_dropout_0.1")
 
