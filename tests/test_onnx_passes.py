@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from keras_transformer.export import onnx_passes
+from keras_transformer.export import onnx_passes, onnx_reshapes
 
 
 def _run(model, feeds):
@@ -142,7 +142,6 @@ def test_outer_weights_are_reshaped_once_for_all_loops():
     )
 
 
-
 def test_each_loop_multiplies_by_its_own_copy_of_an_outer_weight():
     model = _outer_weights_model()
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
@@ -159,6 +158,7 @@ def test_each_loop_multiplies_by_its_own_copy_of_an_outer_weight():
     for got, want in zip(_run(model, {"x": x}), expected, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6)
     assert onnx_passes.localize_matmul_weights(model) == 0  # idempotent
+
 
 def _tensordot_model(contracted_axis):
     """tf.tensordot(x (2, 5, 4), w (4, 3)) as tf2onnx writes it, flattening around one axis."""
@@ -198,7 +198,7 @@ def test_flattening_matmul_reads_the_unflattened_input():
     model = _tensordot_model(contracted_axis=2)
     x = np.random.default_rng(2).normal(size=(2, 5, 4)).astype(np.float32)
     (expected,) = _run(model, {"x": x})
-    assert onnx_passes.fold_flattening_matmuls(model.graph) == 1
+    assert onnx_reshapes.fold_flattening_matmuls(model.graph) == 1
     assert onnx_passes.prune(model.graph) > 0
     (matmul,) = [n for n in model.graph.node if n.op_type == "MatMul"]
     assert list(matmul.input) == ["x", "w"]
@@ -212,7 +212,7 @@ def test_flattening_matmul_reads_the_unflattened_input():
 def test_other_flattenings_are_left_alone(contracted_axis):
     """Contracting any axis but the last is not a broadcast MatMul: no rewrite."""
     model = _tensordot_model(contracted_axis)
-    assert onnx_passes.fold_flattening_matmuls(model.graph) == 0
+    assert onnx_reshapes.fold_flattening_matmuls(model.graph) == 0
 
 
 def _split_heads_model(shape_of):
@@ -267,8 +267,8 @@ def test_reshape_shapes_copied_from_the_input_become_constants():
         for name in ("x", "z")
     }
     expected = _run(model, feeds)
-    shapes = onnx_passes._ranks(model)
-    assert onnx_passes.static_reshape_shapes(model.graph, shapes) == 2
+    shapes = onnx_reshapes._ranks(model)
+    assert onnx_reshapes.static_reshape_shapes(model.graph, shapes) == 2
     assert onnx_passes.prune(model.graph) > 0
     onnx.checker.check_model(model, full_check=True)
     # The split copies B and T with 0; the merge to (B, T, 8) of a (B, T, 8) product is gone.
@@ -283,6 +283,6 @@ def test_reshape_shapes_copied_from_the_input_become_constants():
 def test_shapes_of_other_tensors_stay_dynamic():
     """z has x's declared shape, but nothing in the graph proves its dims equal x's."""
     model = _split_heads_model(shape_of="z")
-    shapes = onnx_passes._ranks(model)
-    assert onnx_passes.static_reshape_shapes(model.graph, shapes) == 1  # only the merge
+    shapes = onnx_reshapes._ranks(model)
+    assert onnx_reshapes.static_reshape_shapes(model.graph, shapes) == 1  # only the merge
     assert _reshape_targets(model)[0] is None  # the split still reads Shape(z)

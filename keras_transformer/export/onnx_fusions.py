@@ -23,7 +23,7 @@ read elsewhere), and leaves anything else as it is.
 import numpy as np
 from onnx import numpy_helper
 
-from keras_transformer.export.onnx_passes import _all_graphs, _constants, _subgraphs, prune
+from keras_transformer.export.onnx_walk import _all_graphs, _constants, _subgraphs, prune
 
 LAYER_NORM_OPSET = 17
 

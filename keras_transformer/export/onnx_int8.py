@@ -47,8 +47,8 @@ import os
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from keras_transformer.export.onnx_passes import _all_graphs as _graphs
-from keras_transformer.export.onnx_passes import _subgraphs, prune
+from keras_transformer.export.onnx_walk import _all_graphs as _graphs
+from keras_transformer.export.onnx_walk import _subgraphs, prune
 
 _INT8_MAX = 127  # activations: 128 + round(127 x / m), in [1, 255]
 _ZERO_POINT = 128
