@@ -170,6 +170,32 @@ def _same_leading_dims(data, producers, constants, shapes):
     return same, rank
 
 
+def _static_target(concat, data, producers, constants, shapes):
+    """The constant target (ONNX's 0 for a copied dimension) of a reshape of `data` to
+    `concat`'s output, or None where a part of it is not provably constant or copied."""
+    same, rank = _same_leading_dims(data, producers, constants, shapes)
+    target = []
+    for part in concat.input:
+        if part in constants:
+            values = np.asarray(constants[part]).reshape(-1).tolist()
+            if 0 in values:  # a literal 0 would turn into "copy": leave it
+                return None
+            target += values
+            continue
+        copied = _copied_dims(part, producers, constants)
+        if copied is None or rank is None or copied[0] not in same:
+            return None
+        source, dims = copied
+        copyable = rank if source == data else rank - 1  # a MatMul changes the last dim
+        if (
+            dims != list(range(len(target), len(target) + len(dims)))
+            or max(dims, default=-1) >= copyable
+        ):
+            return None
+        target += [0] * len(dims)
+    return None if target.count(-1) > 1 else target
+
+
 def static_reshape_shapes(graph, shapes, outer_constants=None):
     """`Reshape(x, Concat(Shape(y)[:k], c))` -> `Reshape(x, [0] * k + c)`, or just `x`.
 
@@ -194,44 +220,23 @@ def static_reshape_shapes(graph, shapes, outer_constants=None):
         if concat is None or concat.op_type != "Concat":
             continue
         data = node.input[0]
-        same, rank = _same_leading_dims(data, producers, constants, shapes)
-        target = []
-        for part in concat.input:
-            if part in constants:
-                values = np.asarray(constants[part]).reshape(-1).tolist()
-                if 0 in values:  # a literal 0 would turn into "copy": leave it
-                    break
-                target += values
-                continue
-            copied = _copied_dims(part, producers, constants)
-            if copied is None:
-                break
-            source, dims = copied
-            if rank is None or source not in same:
-                break
-            copyable = rank if source == data else rank - 1  # a MatMul changes the last dim
-            if (
-                dims != list(range(len(target), len(target) + len(dims)))
-                or max(dims, default=-1) >= copyable
-            ):
-                break
-            target += [0] * len(dims)
-        else:
-            if target.count(-1) > 1:
-                continue
-            rewritten += 1
-            keeps_shape = (
-                len(target) == rank
-                and target[:-1] == [0] * (rank - 1)
-                and target[-1] == shapes[data][1]
-                and node.output[0] not in outputs
-            )
-            if keeps_shape:
-                dropped.append(node)
-                continue
-            name = f"{node.output[0]}__static_shape"
-            graph.initializer.append(numpy_helper.from_array(np.array(target, np.int64), name))
-            node.input[1] = name
+        target = _static_target(concat, data, producers, constants, shapes)
+        if target is None:
+            continue
+        rewritten += 1
+        rank, last = shapes.get(data, (None, None))
+        keeps_shape = (
+            len(target) == rank
+            and target[:-1] == [0] * (rank - 1)
+            and target[-1] == last
+            and node.output[0] not in outputs
+        )
+        if keeps_shape:
+            dropped.append(node)
+            continue
+        name = f"{node.output[0]}__static_shape"
+        graph.initializer.append(numpy_helper.from_array(np.array(target, np.int64), name))
+        node.input[1] = name
     for node in dropped:
         graph.node.remove(node)
         _rename_uses(graph, node.output[0], node.input[0])
