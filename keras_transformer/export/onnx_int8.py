@@ -40,6 +40,15 @@ dynamic quantization's did.
 
 The embedding `Gather`, the attention's products of activations and the
 element-wise ops stay float32.
+
+Each weight's int8 form is stored in the graph of the products that read
+it (the greedy and the beam loop each hold a copy of the decoder's): ONNX
+Runtime prepacks a constant weight for its integer GEMM only when it is an
+initializer of the consumer's own graph; read from an outer graph (where
+`onnx_passes.fold_outer_constants` leaves them), it is packed again at
+every call: 23.5 µs a product against 8.5 µs at greedy batch 1, up to
+1.27x the graph's CPU time (docs/performance.md, "int8 that does not
+depend on the batch").
 """
 
 import os
@@ -113,20 +122,26 @@ def _integer_product(rows, ranges, codes, scales, y):
     ]
 
 
+def _float_matrix(node, scope):
+    """(the graph holding it, its initializer, its value) of the constant float32 matrix
+    that `node` multiplies by, if it is a `MatMul` by one in `scope`; else Nones."""
+    if node.op_type != "MatMul" or node.domain or node.input[1] not in scope:
+        return None, None, None
+    holder, tensor = scope[node.input[1]]
+    weight = numpy_helper.to_array(tensor)
+    if weight.ndim != 2 or weight.dtype != np.float32:
+        return None, None, None
+    return holder, tensor, weight
+
+
 def quantize_matmul_weights(model):
     """Every `MatMul` by a constant float matrix -> its row-quantized int8 form, in place.
 
-    A weight is an initializer of the node's graph or of a graph around it.
-    Its int8 form is stored in the graph of the products that read it (once
-    per graph: the greedy and the beam loop each hold a copy of the
-    decoder's): ONNX Runtime prepacks a constant weight for its integer GEMM
-    only when it is an initializer of the consumer's own graph; read from an
-    outer graph (where `onnx_passes.fold_outer_constants` leaves them),
-    it is packed again at every call: 23.5 µs a product against 8.5 µs at
-    greedy batch 1, up to 1.27x the graph's CPU time (docs/performance.md,
-    "int8 that does not depend on the batch"). An input is
-    quantized once however many weights it multiplies. Initializers nothing
-    reads any more are removed. Returns the number of products quantized.
+    A weight is an initializer of the node's graph or of a graph around it;
+    its int8 form goes to the graph of the products that read it, once per
+    graph (the module docstring says why). An input is quantized once
+    however many weights it multiplies. Initializers nothing reads any more
+    are removed. Returns the number of products quantized.
     """
     columns = {}  # (id of the graph holding W, W's name) -> quantize_columns(W)
     stored = {}  # (id of the consumer's graph, id of W's graph, W's name) -> initializer names
@@ -154,11 +169,8 @@ def quantize_matmul_weights(model):
         for node in graph.node:
             for subgraph in _subgraphs(node):
                 visit(subgraph, scope)
-            weight = None
-            if node.op_type == "MatMul" and not node.domain and node.input[1] in scope:
-                holder, tensor = scope[node.input[1]]
-                weight = numpy_helper.to_array(tensor)
-            if weight is None or weight.ndim != 2 or weight.dtype != np.float32:
+            holder, tensor, weight = _float_matrix(node, scope)
+            if weight is None:
                 nodes.append(node)
                 continue
             key = (id(holder), tensor.name)
