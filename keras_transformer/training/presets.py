@@ -36,8 +36,8 @@ TRAINING_DEFAULTS = {
         # A pass over Ding's 4,367 validation pairs costs ~3 s, 6% of a 200-step
         # epoch on the EPYC; every other epoch (and the last) halves that.
         validation_every=2,
-        # Averaging the last 2 of 200-step checkpoints won in both measured default
-        # runs (validation loss 4.516 -> 4.472); 5 and 8 lost (docs/training.md).
+        # At most the last 3 of the 200-step checkpoints, k in 1, 2, 3 chosen by
+        # validation loss, the EMA's weights its 1 (docs/training.md, "Weight averaging").
         average_last=3,
         # An exponential moving average of the weights beat averaging the last
         # checkpoints of the same run, a little, on both measured corpora (22-minute
