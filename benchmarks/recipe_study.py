@@ -198,6 +198,8 @@ EXTRA_TRIALS = (
     # 17.83 at 9.5 and 18.07 at 10.5.
     Trial("dropout_0.05", ("--dropout", "0.05")),
     Trial("dropout_0.05_b", ("--dropout", "0.05", "--seed", "4321")),
+    # Half the batch at the ramp's top: twice the updates a pass, each noisier.
+    Trial("batch_512", ("--batch-tokens", "512", "--dropout", "0.1")),
 )
 SMOKE_TRIALS = ("cpu_ref_a", "bpe_dropout_0.1")
 
