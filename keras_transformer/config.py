@@ -83,7 +83,7 @@ PRESETS = {
     # The default of `python train.py`: as many updates as 22 minutes on 2 CPU
     # cores allow (0.15 to 0.28 s per 1,024-token step there, Zen 5 to Zen 3). No
     # dropout: measured when such a run saw less than one epoch, where dropout only
-    # slows learning; it now sees 2.4 to 5 passes over Ding's 377k pairs
+    # slows learning; it now sees 1.3 to 5 passes over Ding's 377k pairs (Zen 3 to 5)
     # (`training.presets.corpus_defaults` adds it from about 6 passes, 0.1 from 10).
     # FFN 512, not 1024: 21-25% more steps in the default run's time, and there +2.2 and
     # +1.4 chrF on the 1,000 test pairs with two seeds (2-core Zen 3, docs/training.md,
