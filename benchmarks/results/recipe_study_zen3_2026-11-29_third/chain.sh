@@ -1,7 +1,9 @@
 #!/bin/bash
 # Session of 2026-11-29 (12:07-): dropout 0.2, then 0.05, against the ramp's 0.1 on the 30k sample
 # at about 10 passes (MIN=28 on this Zen 3). The first queue ran `dropout_0.2,cpu_ref_a`; its
-# `dropout_0.2_b,cpu_ref_b` was stopped after 3 minutes, as 0.2 had lost 3.7 chrF on seed 1234.
+# `dropout_0.2_b,cpu_ref_b` was stopped after 3 minutes, as 0.2 had lost 3.7 chrF on seed 1234;
+# so was the 0.05 queue's second pair (0.05 had lost 2.9), and a third queue ran
+# `batch_512,cpu_ref_a` alone.
 S=/tmp/s12
 MIN=${MIN:-22}
 cd $S/tree
