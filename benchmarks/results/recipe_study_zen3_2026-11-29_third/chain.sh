@@ -3,7 +3,7 @@
 # at about 10 passes (MIN=28 on this Zen 3). The first queue ran `dropout_0.2,cpu_ref_a`; its
 # `dropout_0.2_b,cpu_ref_b` was stopped after 3 minutes, as 0.2 had lost 3.7 chrF on seed 1234;
 # so was the 0.05 queue's second pair (0.05 had lost 2.9), and a third queue ran
-# `batch_512,cpu_ref_a` alone.
+# `batch_512,cpu_ref_a` alone; a fourth (S=/tmp/s13) `dropout_0.05_b,cpu_ref_b`.
 S=/tmp/s12
 MIN=${MIN:-22}
 cd $S/tree
