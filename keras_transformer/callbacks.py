@@ -257,7 +257,13 @@ class TrainingClock(keras.callbacks.Callback):
 
 
 def training_callbacks(
-    work, validation_bleu, cooldown=None, minutes=None, spent_seconds=0.0, early_stopping=None
+    work,
+    validation_bleu,
+    cooldown=None,
+    minutes=None,
+    spent_seconds=0.0,
+    early_stopping=None,
+    late_dropout=None,
 ):
     """`(callbacks, phases)`: the callbacks of a training `fit`, in the order they need.
 
@@ -269,10 +275,11 @@ def training_callbacks(
         spent_seconds: training time of the run's earlier processes (`TrainingClock`).
         early_stopping: an `EarlyStopping`, or None; after `ValidationBleu`, whose
             values it may follow.
+        late_dropout: a `schedules.LateDropout`, or None.
 
     The order: `PhaseTimer` first and its end marker last (it times what the
     others do at epoch end); the backup before what reads the state it restores
-    (the clock, the cooldown's step); `ValidationBleu` before `TensorBoard`,
+    (the clock, the cooldown's and late dropout's step); `ValidationBleu` before `TensorBoard`,
     which then logs its values. The backup, checkpoints and TensorBoard save per
     epoch and are marked `async_safe`, as every other batch-end hook here: under
     JAX and torch Keras then dispatches the next step before the last one ends.
@@ -286,6 +293,7 @@ def training_callbacks(
         TrainingClock(work.path, spent_seconds),
         TerminateOnNaN(),
         *([cooldown] if cooldown is not None else []),
+        *([late_dropout] if late_dropout is not None else []),
         LearningRateLogger(),
         validation_bleu,
         *([early_stopping] if early_stopping is not None else []),

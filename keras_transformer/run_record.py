@@ -60,6 +60,8 @@ def _training(config, machine, stats, calibrated, fitted):
         "warmup_steps": config.warmup_steps,
         "learning_rate_scale": config.learning_rate_scale,
         "cooldown": config.cooldown,
+        "dropout_start": config.dropout_start,
+        "dropout_on_step": fitted.dropout_on_step,  # None: from the first step, or never
         "sentence_repeats": config.sentence_repeats,
         "label_smoothing": config.label_smoothing,
         "vocab_sample_size": config.vocab_sample_size,

@@ -1,10 +1,16 @@
 """The learning rate over a run: the paper's schedule (Section 5.3), and the
-cooldown that ends it at 0 when a budget ends (`Cooldown`)."""
+cooldown that ends it at 0 when a budget ends (`Cooldown`); dropout turned on
+late in a budget (`LateDropout`)."""
 
+import logging
 import time
 
 import keras
 from keras import ops
+
+from keras_transformer.layers.attention import MultiHeadAttention
+
+logger = logging.getLogger(__name__)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -146,3 +152,100 @@ class Cooldown(keras.callbacks.Callback):
         # Counted here, not in `on_train_batch_end`: a callback with no batch-end hook
         # lets Keras run the step loop ahead of the device (see `PhaseTimer`).
         self.steps += 1
+
+
+class LateDropout(keras.callbacks.Callback):
+    """Dropout off for the first `start` of a budget, then at the model's rates.
+
+    Late dropout (Liu et al., "Dropout Reduces Underfitting", 2023,
+    https://arxiv.org/abs/2303.01500): without dropout a small model learns
+    fastest early, and dropout turned on later keeps it from overfitting the
+    passes that remain. The rates are the model's (`dropout`; the attention
+    dropout of `MultiHeadAttention` is left on): the callback sets every other
+    `keras.layers.Dropout` of the model to 0 at `on_train_begin` while less
+    than `start` of the budget is spent, and back to its rate before the first
+    step past it. A rate is read when the step is traced, so each change
+    traces the training step again (`make_train_function(force=True)`): twice
+    a run, the first before any step, at the cost of one trace (seconds on a
+    CPU; each backend's loop reads the new function at its next step).
+
+    The budget is `minutes` of training, the run's earlier processes' included
+    (`spent_seconds`), or `total_steps` steps from `initial_step`, whichever
+    ends first, as `Cooldown`'s: a resumed run keeps its place.
+
+    Args:
+        start: float in (0, 1). Share of the budget spent without dropout.
+        minutes: float or None. The run's whole time budget.
+        total_steps: int or None. The step budget, counted from `initial_step`.
+        spent_seconds: float. Training seconds of the run's earlier processes.
+        initial_step: int. The optimizer's step at which the step budget began.
+    """
+
+    def __init__(self, start, minutes=None, total_steps=None, spent_seconds=0.0, initial_step=0):
+        super().__init__()
+        if not 0.0 < start < 1.0:
+            raise ValueError(f"start must be in (0, 1). Received: start={start}")
+        if minutes is None and total_steps is None:
+            raise ValueError("LateDropout needs a budget: minutes, total_steps or both.")
+        self.start_share = start
+        self.seconds = None if minutes is None else minutes * 60.0
+        self.total_steps = total_steps
+        self.spent_seconds = spent_seconds
+        self.initial_step = initial_step
+        self.rates = {}  # layer -> its rate, while it is set to 0
+        self.on_step = None  # the optimizer step dropout came on at, in this `fit`
+        self._clock = self._first_step = None
+        self._steps = 0
+
+    def spent(self):
+        """Share of the budget spent, in [0, 1]."""
+        used = 0.0
+        if self.seconds:
+            used = (self.spent_seconds + time.time() - self._clock) / self.seconds
+        if self.total_steps:
+            done = self._first_step + self._steps - self.initial_step
+            used = max(used, done / self.total_steps)
+        return min(max(used, 0.0), 1.0)
+
+    def on_train_begin(self, logs=None):
+        # After BackupAndRestore (earlier in the list): a resumed run keeps its step.
+        self._first_step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        self._clock = time.time()
+        self._steps = 0
+        if self.spent() >= self.start_share:
+            logger.info("Dropout on from this process's first step (past --dropout-start).")
+            return
+        attention = {
+            id(layer.dropout_layer)
+            for layer in self.model._flatten_layers()
+            if isinstance(layer, MultiHeadAttention)
+        }
+        for layer in self.model._flatten_layers():
+            if isinstance(layer, keras.layers.Dropout) and id(layer) not in attention:
+                if layer.rate > 0:
+                    self.rates[layer] = layer.rate
+                    layer.rate = 0.0
+        if self.rates:
+            self.model.make_train_function(force=True)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        # Counted here, as `Cooldown` does: no batch-end hook (see `PhaseTimer`).
+        if self.rates and self.spent() >= self.start_share:
+            self.on_step = self._first_step + self._steps
+            logger.info(
+                "Dropout on at step %d, %.0f%% of the budget (--dropout-start %g).",
+                self.on_step, 100 * self.spent(), self.start_share,
+            )  # fmt: skip
+            self._restore()
+        self._steps += 1
+
+    def on_train_end(self, logs=None):
+        self._restore()  # the model leaves `fit` with its own rates
+
+    def _restore(self):
+        if not self.rates:
+            return
+        for layer, rate in self.rates.items():
+            layer.rate = rate
+        self.rates = {}
+        self.model.make_train_function(force=True)

@@ -93,7 +93,7 @@ def check_rates(config):
         raise ValueError(
             f"ema must be in [0, 1): e.g. 0.999, or 0 for none. Received: ema={config.ema}"
         )
-    for name in ("label_smoothing", "bpe_dropout"):
+    for name in ("label_smoothing", "bpe_dropout", "dropout_start"):
         value = getattr(config, name)
         if value is not None and not 0.0 <= value < 1.0:
             raise ValueError(f"{name} must be in [0, 1). Received: {name}={value}")

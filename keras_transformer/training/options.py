@@ -67,6 +67,11 @@ class TrainingConfig:
         f"{DROPOUT_RAMP[0]:g} passes or fewer over the training pairs, growing linearly to "
         f"{CORPUS_DROPOUT} at {DROPOUT_RAMP[1]:g} passes and more)"
     )
+    dropout_start: float | None = _option(
+        help="late dropout (Liu et al. 2023): no dropout for this share of the budget "
+        "(--max-train-minutes, or epochs x steps), then --dropout; attention dropout "
+        "stays on (0: dropout from the first step)", metavar="SHARE",
+    )  # fmt: skip
     attention_dropout: float | None = _option(
         help="dropout of the attention probabilities (the preset's: 0, as in the paper; "
         "keras-hub's layers and fairseq's --attention-dropout drop them)"

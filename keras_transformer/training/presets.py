@@ -69,6 +69,7 @@ COMMON_DEFAULTS = dict(
     test_samples=0,  # all test pairs
     max_train_minutes=None,  # no time budget
     cooldown=0.0,  # the paper's schedule to the end
+    dropout_start=0.0,  # dropout from the first step
     beam_size=PAPER.beam_size,
     alpha=PAPER.alpha,
     stopping=PAPER.stopping,

@@ -22,7 +22,7 @@ from keras_transformer.distribution import MultiWorkerTransformer, is_multi_work
 from keras_transformer.evaluation import validation_loss
 from keras_transformer.model import Transformer
 from keras_transformer.recipe import compile_with_paper_recipe, paper_loss
-from keras_transformer.schedules import Cooldown, TransformerSchedule
+from keras_transformer.schedules import Cooldown, LateDropout, TransformerSchedule
 from keras_transformer.training import budget, lifecycle
 from keras_transformer.training.finishing import export, finish
 from keras_transformer.training.inputs import prepare_inputs
@@ -105,6 +105,7 @@ class Fitted:
     init_from: dict | None
     optimizer_steps: int
     progress: dict  # `lifecycle.RunProgress.to_dict()`
+    dropout_on_step: int | None  # `--dropout-start`: the step dropout came on at
 
 
 def build_model(config, machine, model_config, finished, precision):
@@ -185,21 +186,16 @@ def fit(model, config, work, inputs, finished, progress, calibrated, startup_sec
     validation_bleu = ValidationBleu(
         validation_pairs, inputs.tokenizer, every=config.validation_bleu_every
     )
-    cooldown = None
-    if config.cooldown:
-        schedule = TransformerSchedule(
-            inputs.model_config.d_model, config.warmup_steps, config.learning_rate_scale
-        )
-        cooldown = Cooldown(
-            schedule, config.cooldown, minutes=minutes, total_steps=config.epochs * config.steps,
-            initial_step=finished.steps if finished is not None else 0,
-        )  # fmt: skip
+    cooldown, late_dropout = _budget_schedules(
+        config, inputs, finished, minutes, progress.train_seconds + calibrated.seconds
+    )
     early_stopping = None
     if config.early_stopping:
         early_stopping = EarlyStopping(config.early_stopping_metric, config.early_stopping)
     callbacks, phases = training_callbacks(
-        work, validation_bleu, cooldown, minutes, progress.train_seconds, early_stopping
-    )
+        work, validation_bleu, cooldown, minutes, progress.train_seconds, early_stopping,
+        late_dropout,
+    )  # fmt: skip
     init_from = _starting_point(model, inputs, finished) if finished is not None else None
     history = model.fit(
         inputs.train_ds,
@@ -221,7 +217,41 @@ def fit(model, config, work, inputs, finished, progress, calibrated, startup_sec
         init_from=init_from,
         optimizer_steps=int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
         progress=progress.to_dict(),
+        dropout_on_step=late_dropout.on_step if late_dropout is not None else None,
     )
+
+
+def _budget_schedules(config, inputs, finished, minutes, spent_seconds):
+    """`(cooldown, late_dropout)`: the `Cooldown` of `--cooldown` and the `LateDropout`
+    of `--dropout-start` over the run's budget, each None where it is off.
+
+    Args:
+        minutes: the time budget of this process's `fit` (`_minutes_left`), or None.
+        spent_seconds: what the run's earlier processes and this calibration took.
+    """
+    total_steps = config.epochs * config.steps
+    initial_step = finished.steps if finished is not None else 0
+    cooldown = late_dropout = None
+    if config.cooldown:
+        schedule = TransformerSchedule(
+            inputs.model_config.d_model, config.warmup_steps, config.learning_rate_scale
+        )
+        cooldown = Cooldown(
+            schedule, config.cooldown, minutes=minutes, total_steps=total_steps,
+            initial_step=initial_step,
+        )  # fmt: skip
+    if config.dropout_start:
+        if not inputs.model_config.dropout:
+            logger.warning(
+                "--dropout-start %g: the model has no dropout to start (--dropout 0).",
+                config.dropout_start,
+            )
+        else:
+            late_dropout = LateDropout(
+                config.dropout_start, minutes=config.max_train_minutes, total_steps=total_steps,
+                spent_seconds=spent_seconds, initial_step=initial_step,
+            )  # fmt: skip
+    return cooldown, late_dropout
 
 
 def _minutes_left(max_train_minutes, spent_seconds):
