@@ -61,7 +61,9 @@ def _training(config, machine, stats, calibrated, fitted):
         "learning_rate_scale": config.learning_rate_scale,
         "cooldown": config.cooldown,
         "dropout_start": config.dropout_start,
-        "dropout_on_step": fitted.dropout_on_step,  # None: from the first step, or never
+        # --dropout-start: the step dropout came on at (a resumed run's first step where
+        # it was on from there); None where it did not come on, or was on from the start.
+        "dropout_on_step": fitted.dropout_on_step,
         "sentence_repeats": config.sentence_repeats,
         "label_smoothing": config.label_smoothing,
         "vocab_sample_size": config.vocab_sample_size,

@@ -155,23 +155,28 @@ class Cooldown(keras.callbacks.Callback):
 
 
 class LateDropout(keras.callbacks.Callback):
-    """Dropout off for the first `start` of a budget, then at the model's rates.
+    """Residual and embedding dropout off for the first `start` of a budget, then
+    at the model's rates.
 
     Late dropout (Liu et al., "Dropout Reduces Underfitting", 2023,
     https://arxiv.org/abs/2303.01500): without dropout a small model learns
     fastest early, and dropout turned on later keeps it from overfitting the
     passes that remain. The rates are the model's (`dropout`; the attention
-    dropout of `MultiHeadAttention` is left on): the callback sets every other
-    `keras.layers.Dropout` of the model to 0 at `on_train_begin` while less
-    than `start` of the budget is spent, and back to its rate before the first
-    step past it. A rate is read when the step is traced, so each change
-    traces the training step again (`make_train_function(force=True)`): twice
-    a run, the first before any step, at the cost of one trace (seconds on a
-    CPU; each backend's loop reads the new function at its next step).
+    dropout of `MultiHeadAttention` stays on throughout): the callback sets
+    every other `keras.layers.Dropout` of the model to 0 at `on_train_begin`
+    while less than `start` of the budget is spent, and back to its rate
+    before the first step past it. A rate is read when the step is traced, so
+    each change traces (and with XLA compiles) the training step again
+    (`make_train_function(force=True)`; each backend's `fit` reads the new
+    function at its next step): two traces a run more than without it, each
+    seconds on a CPU, on the budget's clock.
 
-    The budget is `minutes` of training, the run's earlier processes' included
-    (`spent_seconds`), or `total_steps` steps from `initial_step`, whichever
-    ends first, as `Cooldown`'s: a resumed run keeps its place.
+    The budget is `minutes` of training, the run's earlier processes'
+    included (`spent_seconds`), or `total_steps` steps from `initial_step`,
+    whichever ends first: a resumed run keeps its place. Steps are counted in
+    `on_train_batch_begin`, one a batch: `steps_per_execution` must be 1. In a
+    run over several workers each switches on its own clock, so there the
+    budget must be steps alone (`train.py` refuses a time budget).
 
     Args:
         start: float in (0, 1). Share of the budget spent without dropout.
@@ -193,7 +198,9 @@ class LateDropout(keras.callbacks.Callback):
         self.spent_seconds = spent_seconds
         self.initial_step = initial_step
         self.rates = {}  # layer -> its rate, while it is set to 0
-        self.on_step = None  # the optimizer step dropout came on at, in this `fit`
+        # The optimizer step dropout came on at (this `fit`'s first where it was on from
+        # the start, a resumed run past `start`); None while it has not.
+        self.on_step = None
         self._clock = self._first_step = None
         self._steps = 0
 
@@ -208,11 +215,17 @@ class LateDropout(keras.callbacks.Callback):
         return min(max(used, 0.0), 1.0)
 
     def on_train_begin(self, logs=None):
+        if getattr(self.model, "steps_per_execution", 1) != 1:
+            raise ValueError(
+                "LateDropout counts one step a batch: compile with steps_per_execution=1. "
+                f"Received: steps_per_execution={self.model.steps_per_execution}"
+            )
         # After BackupAndRestore (earlier in the list): a resumed run keeps its step.
         self._first_step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
         self._clock = time.time()
         self._steps = 0
         if self.spent() >= self.start_share:
+            self.on_step = self._first_step
             logger.info("Dropout on from this process's first step (past --dropout-start).")
             return
         attention = {

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from keras_transformer.callbacks import ValidationEpochs
-from keras_transformer.schedules import Cooldown
+from keras_transformer.schedules import Cooldown, LateDropout
 
 pytestmark = pytest.mark.multibackend
 
@@ -145,20 +145,25 @@ def test_training_callbacks_come_in_the_order_their_reads_need(tmp_path):
     bleu = ValidationBleu([], None, every=0)
     cooldown = Cooldown(_schedule, 0.2, minutes=1.0)
     work = workdir.WorkDir(str(tmp_path))
-    callbacks, phases = training_callbacks(work, bleu, cooldown, minutes=1.0, spent_seconds=7.0)
+    late_dropout = LateDropout(0.5, minutes=1.0)
+    callbacks, phases = training_callbacks(
+        work, bleu, cooldown, minutes=1.0, spent_seconds=7.0, late_dropout=late_dropout
+    )
     kinds = [type(c) for c in callbacks]
     position = {kind: kinds.index(kind) for kind in kinds}
     # The phase timer brackets the others' epoch-end work.
     assert callbacks[0] is phases and callbacks[-1] is phases.end_marker
     backup = position[keras.callbacks.BackupAndRestore]
-    # What reads the restored state comes after the backup: the clock, the cooldown's step.
+    # What reads the restored state comes after the backup: the clock, the cooldown's and
+    # late dropout's step.
     assert backup < position[TrainingClock] and backup < position[Cooldown]
+    assert backup < position[LateDropout]
     assert position[Cooldown] < position[LearningRateLogger]  # logs the rate it set
     if keras.callbacks.TensorBoard in position:  # it logs the validation BLEU added to logs
         assert position[ValidationBleu] < position[keras.callbacks.TensorBoard]
     assert next(c for c in callbacks if isinstance(c, TrainingClock)).spent_seconds == 7.0
     assert next(c for c in callbacks if isinstance(c, TimeBudget)).seconds == 60.0
-    # No budget, no cooldown: neither callback.
+    # No budget, no cooldown, no late dropout: none of them.
     bare, _ = training_callbacks(work, bleu)
-    assert not {Cooldown, TimeBudget} & {type(c) for c in bare}
+    assert not {Cooldown, LateDropout, TimeBudget} & {type(c) for c in bare}
     assert PhaseTimer in {type(c) for c in bare}

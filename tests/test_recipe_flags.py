@@ -1,5 +1,5 @@
 """The flags a recipe study sets (issue 54): the model's shape, its length limit, label
-smoothing, the vocabulary's sample and BPE-dropout. Each reaches the run (run.json,
+smoothing, the vocabulary's sample, BPE-dropout and late dropout. Each reaches the run (run.json,
 the model, the loss, the vocabulary's training) and a bad value is one line, exit 2,
 before TensorFlow loads."""
 
@@ -28,6 +28,9 @@ HIDE_TENSORFLOW = os.path.join(ROOT, "tests", "without_tensorflow")
         (["--vocab-sample-size", "0"], "vocab_sample_size must be a positive integer"),
         (["--bpe-dropout", "-0.1"], r"bpe_dropout must be in \[0, 1\)"),
         (["--bpe-dropout-copies", "0"], "bpe_dropout_copies must be a positive integer"),
+        (["--dropout-start", "1"], r"dropout_start must be in \[0, 1\)"),
+        (["--dropout-start", "0.5", "--accumulate-steps", "2"],
+         "accumulate_steps > 1 with dropout_start is not supported yet"),
         (["--init-from", "w", "--d-model", "128"], "keeps its model's shape; leave out --d-model"),
     ],
 )  # fmt: skip
@@ -71,7 +74,8 @@ def test_every_recipe_flag_reaches_the_run(tmp_path, monkeypatch):
         preset="tiny", data_dir=str(corpus), work_dir=str(tmp_path / "work"), vocab_size=64,
         batch_tokens=256, epochs=1, steps=6, validation_bleu_every=0, test_samples=4,
         beam_size=1, export=False, dtype_policy="float32", jit_compile=False, workers=1,
-        label_smoothing=0.2, bpe_dropout=0.1, bpe_dropout_copies=2, **shape,
+        label_smoothing=0.2, bpe_dropout=0.1, bpe_dropout_copies=2, dropout=0.1,
+        dropout_start=0.5, **shape,
     )  # fmt: skip
     info = training.run(**options, vocab_sample_size=500)
     assert {name: info["config"][name] for name in shape} == shape
@@ -81,6 +85,8 @@ def test_every_recipe_flag_reaches_the_run(tmp_path, monkeypatch):
     recorded = info["training"]
     assert (recorded["label_smoothing"], recorded["vocab_sample_size"]) == (0.2, 500)
     assert (recorded["bpe_dropout"], recorded["bpe_dropout_copies"]) == (0.1, 2)
+    # Late dropout: on at half of the 6 steps' budget (the epochs x steps of this run).
+    assert (recorded["dropout_start"], recorded["dropout_on_step"]) == (0.5, 3)
     assert smoothing and set(smoothing) == {0.2}  # the compiled loss's
     assert sample_sizes == [500]  # the vocabulary trained on the first 500 lines
     copies = os.listdir(tmp_path / "work" / "data" / "train_sampled")

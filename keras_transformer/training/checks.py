@@ -115,6 +115,12 @@ def check_combinations(config):
             "accumulate_steps > 1 with a cooldown is not supported yet: the cooldown sets "
             "the rate per batch, not per update. Use one of them."
         )
+    if config.accumulate_steps > 1 and config.dropout_start:
+        raise ValueError(
+            "accumulate_steps > 1 with dropout_start is not supported yet: late dropout "
+            "counts its step budget in batches, a resumed run's step in updates. "
+            "Use one of them."
+        )
     given = [name for name in SHAPE if getattr(config, name) is not None]
     if config.init_from is not None and given:
         raise ValueError(

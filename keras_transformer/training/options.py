@@ -68,9 +68,11 @@ class TrainingConfig:
         f"{CORPUS_DROPOUT} at {DROPOUT_RAMP[1]:g} passes and more)"
     )
     dropout_start: float | None = _option(
-        help="late dropout (Liu et al. 2023): no dropout for this share of the budget "
-        "(--max-train-minutes, or epochs x steps), then --dropout; attention dropout "
-        "stays on (0: dropout from the first step)", metavar="SHARE",
+        help="late dropout (Liu et al. 2023): no residual or embedding dropout for this share "
+        "of the budget (--max-train-minutes with the run's earlier processes, or epochs x "
+        "steps, whichever ends first), then --dropout; --attention-dropout stays on "
+        "throughout; nothing to do where --dropout is 0 (0: dropout from the first step)",
+        metavar="SHARE",
     )  # fmt: skip
     attention_dropout: float | None = _option(
         help="dropout of the attention probabilities (the preset's: 0, as in the paper; "

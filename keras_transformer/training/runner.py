@@ -18,7 +18,11 @@ from keras_transformer.callbacks import (
     ValidationEpochs,
     training_callbacks,
 )
-from keras_transformer.distribution import MultiWorkerTransformer, is_multi_worker
+from keras_transformer.distribution import (
+    MultiWorkerTransformer,
+    is_multi_worker,
+    process_share,
+)
 from keras_transformer.evaluation import validation_loss
 from keras_transformer.model import Transformer
 from keras_transformer.recipe import compile_with_paper_recipe, paper_loss
@@ -186,9 +190,11 @@ def fit(model, config, work, inputs, finished, progress, calibrated, startup_sec
     validation_bleu = ValidationBleu(
         validation_pairs, inputs.tokenizer, every=config.validation_bleu_every
     )
+    several_workers = isinstance(model, MultiWorkerTransformer) or process_share()[1] > 1
     cooldown, late_dropout = _budget_schedules(
-        config, inputs, finished, minutes, progress.train_seconds + calibrated.seconds
-    )
+        config, inputs, finished, minutes, progress.train_seconds + calibrated.seconds,
+        several_workers,
+    )  # fmt: skip
     early_stopping = None
     if config.early_stopping:
         early_stopping = EarlyStopping(config.early_stopping_metric, config.early_stopping)
@@ -221,13 +227,15 @@ def fit(model, config, work, inputs, finished, progress, calibrated, startup_sec
     )
 
 
-def _budget_schedules(config, inputs, finished, minutes, spent_seconds):
+def _budget_schedules(config, inputs, finished, minutes, spent_seconds, several_workers):
     """`(cooldown, late_dropout)`: the `Cooldown` of `--cooldown` and the `LateDropout`
     of `--dropout-start` over the run's budget, each None where it is off.
 
     Args:
         minutes: the time budget of this process's `fit` (`_minutes_left`), or None.
         spent_seconds: what the run's earlier processes and this calibration took.
+        several_workers: True where workers (or JAX processes) step together: each
+            would switch dropout on at its own clock, tracing a new step apart.
     """
     total_steps = config.epochs * config.steps
     initial_step = finished.steps if finished is not None else 0
@@ -241,6 +249,12 @@ def _budget_schedules(config, inputs, finished, minutes, spent_seconds):
             initial_step=initial_step,
         )  # fmt: skip
     if config.dropout_start:
+        if several_workers and config.max_train_minutes is not None:
+            raise ValueError(
+                "--dropout-start over several workers needs a step budget (--epochs x "
+                "--steps), not --max-train-minutes: each worker would switch dropout on "
+                "at its own clock."
+            )
         if not inputs.model_config.dropout:
             logger.warning(
                 "--dropout-start %g: the model has no dropout to start (--dropout 0).",
