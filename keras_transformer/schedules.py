@@ -159,9 +159,9 @@ class LateDropout(keras.callbacks.Callback):
     at the model's rates.
 
     Late dropout (Liu et al., "Dropout Reduces Underfitting", 2023,
-    https://arxiv.org/abs/2303.01500): without dropout a small model learns
-    fastest early, and dropout turned on later keeps it from overfitting the
-    passes that remain. The rates are the model's (`dropout`; the attention
+    https://arxiv.org/abs/2303.01500, for models that overfit): without dropout
+    a model learns fastest early; dropout turned on later is to keep it from
+    overfitting the passes that remain. The rates are the model's (`dropout`; the attention
     dropout of `MultiHeadAttention` stays on throughout): the callback sets
     every other `keras.layers.Dropout` of the model to 0 at `on_train_begin`
     while less than `start` of the budget is spent, and back to its rate

@@ -90,7 +90,8 @@ COMMON_DEFAULTS = dict(
 # passes, level or behind at 8.3 to 8.6 (-0.15 on Ding's sentences, -3.55 on a 30k-pair
 # sample), 0.1 ahead by 1.2 at 12 to 13.5; a step at 8 passes put runs a few hundred steps
 # apart on the two sides of a 3-chrF cliff. At 10 passes over the 30k sample, 0.05 and
-# 0.2 each lost about 3 chrF beside 0.1 (the ramp's top).
+# 0.2 each lost about 3 chrF beside 0.1 (the ramp's top), and 0.1 turned on after 30% or
+# 50% of the budget (`--dropout-start`) 1.3 and 1.7.
 DROPOUT_RAMP = (6.0, 10.0)
 CORPUS_DROPOUT = 0.1
 # The `cpu` preset's seconds per step on 2 CPU cores, for the passes a time budget buys
