@@ -63,6 +63,7 @@ that has TensorFlow).
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import json
 import logging
@@ -80,10 +81,9 @@ from keras_transformer.serving_requests import (
     DEFAULT_SIGNATURE,
     GREEDY_SIGNATURE,
     BadRequest,
-    parse_glossary,
-    parse_sentences,
-    parse_settings,
-    parse_steering,
+    Limits,
+    parse_body,
+    parse_request,
 )
 
 logger = logging.getLogger("keras_transformer.serve")
@@ -92,146 +92,271 @@ METRICS_PATH = "/monitoring/prometheus/metrics"  # TF Serving's --rest_api monit
 RETRY_AFTER_SECONDS = 1
 
 
-def make_app(model_name, server, limits, engine, metrics, access_log=True):
-    """The Starlette application over a `serving_workers.ModelServer` (`build_app`
-    makes both from the command line's arguments)."""
-    from starlette.applications import Starlette
-    from starlette.responses import HTMLResponse, JSONResponse, Response
-    from starlette.routing import Route
+def error_response(message, status=400, retry=False):
+    """TF Serving's error shape, `{"error": "..."}`, for every status this app answers.
+    408 and 413 close the connection: the rest of that body is never read."""
+    from starlette.responses import JSONResponse
 
-    from keras_transformer.serving_metrics import AccessLog
-    from keras_transformer.serving_queue import QueueFull
-    from keras_transformer.serving_workers import WorkerLost
+    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if retry else {}
+    if status in (408, 413):
+        headers["Connection"] = "close"
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
-    def error(message, status=400, retry=False):
-        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if retry else None
-        return JSONResponse({"error": message}, status_code=status, headers=headers)
 
-    def check_name(request):
+class Handlers:
+    """The routes of `make_app`, each a small handler over a `ModelServer`."""
+
+    def __init__(self, model_name, server, limits, engine, metrics):
+        self.model_name = model_name
+        self.server = server
+        self.limits = limits
+        self.engine = engine
+        self.metrics = metrics
+
+    def routes(self):
+        from starlette.routing import Route
+
+        return [
+            Route("/", self.page),
+            Route(METRICS_PATH, self.metrics_page),
+            Route("/v1/models/{name}", self.status),
+            Route("/v1/models/{name}/versions/{version}", self.status),
+            Route("/v1/models/{name}/metadata", self.metadata),
+            Route("/v1/models/{name}/versions/{version}/metadata", self.metadata),
+            Route("/v1/models/{name_verb}", self.predict, methods=["POST"]),
+            Route("/v1/models/{name}/versions/{version_verb}", self.predict, methods=["POST"]),
+        ]
+
+    def _version(self, request):
+        """`(version or None, error response or None)` of a request's path: the model's
+        name checked, and `/versions/N` read (404 for another name or a bad N)."""
         name = request.path_params["name"]
-        if name != model_name:
-            return error(f"Servable not found for request: Latest({name})", 404)
-        return None
+        if name != self.model_name:
+            return None, error_response(f"Servable not found for request: Latest({name:.80})", 404)
+        text = request.path_params.get("version")
+        if text is None:
+            return None, None
+        if not (text.isascii() and text.isdigit() and len(text) <= 18):
+            return None, error_response(f"Version {text[:40]!r} is not a version number.", 404)
+        return int(text), None
 
-    async def status(request):
-        return check_name(request) or JSONResponse(server.status())
+    async def status(self, request):
+        version, refused = self._version(request)
+        if refused:
+            return refused
+        answer = self.server.status(version)
+        if version is not None and not answer["model_version_status"]:
+            return error_response(f"Servable not found for request: Specific({version})", 404)
+        return _json(answer)
 
-    async def metadata(request):
+    async def metadata(self, request):
+        version, refused = self._version(request)
+        if refused:
+            return refused
+        from keras_transformer.serving_workers import NotAvailable
+
+        try:
+            served = self.server.get(version)
+        except NotAvailable as e:
+            return error_response(str(e), 404 if version is not None else 503, retry=True)
         strings = {"dtype": "DT_STRING", "tensor_shape": {"dim": [{"size": "-1"}]}}
         signature = {
             "inputs": {"sentences": dict(strings, name="sentences:0")},
             "outputs": {"translations": dict(strings, name="translations:0")},
             "method_name": "tensorflow/serving/predict",
         }
-        info = server.info or {}
-        config = server.config
-        return check_name(request) or JSONResponse({
-            "model_spec": {"name": model_name, "signature_name": "",
-                           "version": str(server.version or "")},
+        info, config = served.info, self.server.config
+        return _json({
+            "model_spec": {"name": self.model_name, "signature_name": "",
+                           "version": str(served.version)},
             "metadata": {"signature_def": {"signature_def": {
                 DEFAULT_SIGNATURE: signature, GREEDY_SIGNATURE: signature,
             }}},
-            "server": {"engine": engine, "precision": config.precision,
+            "server": {"engine": self.engine, "precision": config.precision,
                        "threads": config.threads, "device": config.device,
                        "runtime": info.get("runtime"), "beam_sizes": info.get("beam_sizes"),
-                       "default_beam_size": info.get("default_beam"), "limits": limits,
-                       "glossary": info.get("glossary"),
-                       "steering": info.get("steering"),
-                       "batches": server.batches,
-                       "worker_processes": [w.describe() for w in server.workers]},
+                       "default_beam_size": info.get("default_beam"),
+                       "limits": dataclasses.asdict(self.limits),
+                       "glossary": info.get("glossary"), "steering": info.get("steering"),
+                       "version_policy": dataclasses.asdict(self.server.policy),
+                       "batches": self.server.batches,
+                       "worker_processes": [w.describe() for w in self.server.workers]},
         })  # fmt: skip
 
-    async def metrics_page(request):
-        body, content_type = metrics.exposition()
+    async def metrics_page(self, request):
+        from starlette.responses import Response
+
+        body, content_type = self.metrics.exposition()
         return Response(body, headers={"Content-Type": content_type})
 
-    async def predict(request):
-        name, _, verb = request.path_params["name_verb"].partition(":")
-        if verb != "predict":
-            return error(f"Unsupported verb {verb!r}: this server answers ':predict'.", 404)
-        if name != model_name:
-            return error(f"Servable not found for request: Latest({name})", 404)
-        raw = await request.body()
-        if len(raw) > limits["max_body_bytes"]:
-            return error(
-                f"The request body has {len(raw)} bytes; this server takes at most "
-                f"{limits['max_body_bytes']} (--max-body-bytes).", 413,
-            )  # fmt: skip
-        try:
-            body = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            return error(f"The request body is not valid UTF-8 (byte {e.start}).")
-        except ValueError as e:
-            return error(f"The request body is not valid JSON: {e}.")
-        info = server.info  # set before the server listens (the lifespan loads it)
-        try:
-            sentences, columnar, prefix = parse_sentences(
-                body, limits["max_sentences"], limits["max_characters"]
-            )
-            settings = parse_settings(
-                body, info["beam_sizes"], info["default_beam"], engine == "ctranslate2"
-            )
-            glossary = parse_glossary(body, info.get("glossary", False))
-            sampling, rows = parse_steering(
-                body, prefix, len(sentences), info.get("steering", ()), engine,
-                limits["max_characters"],
-            )  # fmt: skip
-            if sampling and settings.get("num_hypotheses", 1) > 1:
-                raise BadRequest(
-                    "num_hypotheses must be 1 with sampling (one sample per sentence)."
-                )
-            settings.update(sampling)
-        except BadRequest as e:
-            return error(str(e))
-        if glossary is not None:  # in the text, here: requests batch whatever their glossary
-            from keras_transformer.terminology import annotate_all
+    async def page(self, request):
+        from starlette.responses import HTMLResponse
 
-            sentences = annotate_all(sentences, glossary)
-        request.state.log = {"sentences": len(sentences), "version": str(server.version)}
+        shown = "" if self.engine == "ctranslate2" else "display:none"  # n-best: CTranslate2's
+        page = PAGE.replace("MODEL_NAME", self.model_name).replace("NBEST_STYLE", shown)
+        return HTMLResponse(page)
+
+    def _predict_target(self, request):
+        """`(version or None, error response or None)` of a predict path:
+        `/v1/models/NAME:predict` or `/v1/models/NAME/versions/N:predict`."""
+        params = request.path_params
+        if "name_verb" in params:
+            name, _, verb = params["name_verb"].partition(":")
+            request.path_params.update(name=name)
+        else:
+            text, _, verb = params["version_verb"].partition(":")
+            request.path_params.update(version=text)
+        if verb != "predict":
+            return None, error_response(
+                f"Unsupported verb {verb[:40]!r}: this server answers ':predict'.", 404
+            )
+        return self._version(request)
+
+    async def predict(self, request):
+        from keras_transformer.serving_queue import QueueFull
+        from keras_transformer.serving_workers import NotAvailable
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.limits.timeout_seconds  # from the first byte on
+        version, refused = self._predict_target(request)
+        if refused:
+            return refused
         try:
-            queued = server.queue.put(sentences, settings, limits["timeout_seconds"], rows)
+            raw = await read_body(request, self.limits, deadline)
+            body = parse_body(raw)
+            served = self.server.get(version)
+            parsed = parse_request(body, served.info, self.limits, self.engine)
+            sentences = await annotated(parsed, deadline, self.limits)
+            request.state.log = {"sentences": len(sentences), "version": str(served.version)}
+            client = request.client.host if request.client else None
+            queued = served.queue.put(sentences, parsed.settings, self.limits.timeout_seconds,
+                                      parsed.rows, client=client, deadline=deadline)  # fmt: skip
+        except BadRequest as e:
+            return error_response(str(e), e.status)
+        except NotAvailable as e:
+            return error_response(str(e), 404 if version is not None else 503, retry=True)
         except QueueFull as e:
-            return error(str(e), 503, retry=True)
-        answer = await _wait(request, queued, server.queue)
+            return error_response(str(e), 503, retry=True)
+        except TimeoutError:
+            return self._timed_out()
+        answer = await _wait(request, queued, served.queue)
+        return self._answer(answer, parsed)
+
+    def _timed_out(self):
+        return error_response(
+            f"The translation took longer than {self.limits.timeout_seconds:g} s (--timeout).",
+            504,
+        )
+
+    def _answer(self, answer, parsed):
+        from keras_transformer.serving_workers import WorkerLost
+
         if answer == "disconnected":
-            return error("The client closed the connection before the answer.", 499)
+            return error_response("The client closed the connection before the answer.", 499)
         if answer == "expired" or isinstance(answer, TimeoutError):
-            return error(
-                f"The translation took longer than {limits['timeout_seconds']:g} s "
-                "(--timeout).", 504,
-            )  # fmt: skip
+            return self._timed_out()
         if isinstance(answer, WorkerLost):
-            return error(str(answer), 503, retry=True)
+            return error_response(str(answer), 503, retry=True)
         if isinstance(answer, BaseException):  # the server lives on; this request fails
             logger.error("A request failed: %s: %s", type(answer).__name__, answer)
-            return error(f"{type(answer).__name__}: {answer}", 500)
-        key = "outputs" if columnar else "predictions"
-        if "num_hypotheses" in settings:
+            return error_response(f"{type(answer).__name__}: {answer}", 500)
+        if "num_hypotheses" in parsed.settings:
             answer = [
                 {"translations": [t for t, _ in n_best], "scores": [s for _, s in n_best]}
                 for n_best in answer
             ]
-        return JSONResponse({key: answer})
+        return _json({"outputs" if parsed.columnar else "predictions": answer})
 
-    async def page(request):
-        shown = "" if engine == "ctranslate2" else "display:none"  # n-best: CTranslate2's
-        return HTMLResponse(PAGE.replace("MODEL_NAME", model_name).replace("NBEST_STYLE", shown))
+
+def _json(content):
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(content)
+
+
+async def read_body(request, limits, deadline):
+    """The request body, read as it arrives: refused with 413 as soon as it is over
+    `max_body_bytes` (its `Content-Length` checked before a byte is read, a chunked
+    body as it grows), and with 408 when it has not all arrived within
+    `body_seconds` (or the request's deadline, whichever comes first)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.strip().isdigit():
+        if int(declared) > limits.max_body_bytes:
+            raise _too_large(limits, f"Content-Length {declared.strip()[:20]}")
+    loop = asyncio.get_running_loop()
+    seconds = max(0.0, min(limits.body_seconds, deadline - loop.time()))
+    chunks, size = [], 0
+
+    async def receive():
+        nonlocal size
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limits.max_body_bytes:
+                raise _too_large(limits, f"{size} bytes so far")
+            chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(receive(), seconds)
+    except TimeoutError:
+        raise BadRequest(
+            f"The request body did not arrive within {seconds:g} s (--body-timeout); "
+            f"{size} bytes came.", 408,
+        ) from None  # fmt: skip
+    return b"".join(chunks)
+
+
+def _too_large(limits, what):
+    return BadRequest(
+        f"The request body is too large ({what}); this server takes at most "
+        f"{limits.max_body_bytes} bytes (--max-body-bytes).", 413,
+    )  # fmt: skip
+
+
+async def annotated(parsed, deadline, limits):
+    """The request's sentences with its glossary's terms annotated: in a thread, so
+    that the event loop (health checks, other requests) goes on meanwhile, and within
+    the request's deadline (`TimeoutError` after)."""
+    if parsed.glossary is None:
+        return parsed.sentences
+    from keras_transformer.terminology import annotate_all
+
+    seconds = max(0.0, deadline - asyncio.get_running_loop().time())
+    work = asyncio.to_thread(annotate_all, parsed.sentences, parsed.glossary)
+    return await asyncio.wait_for(work, seconds)
+
+
+def make_app(model_name, server, limits, engine, metrics, access_log=True, access=None):
+    """The Starlette application over a `serving_workers.ModelServer` (`build_app`
+    makes both from the command line's arguments): the routes, TF Serving's JSON
+    error for every status the app answers, and the `Access` checks (Host, Origin)
+    before any route; `limits`: a `serving_requests.Limits`."""
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+
+    from keras_transformer.serving_access import Access, AccessCheck
+    from keras_transformer.serving_metrics import AccessLog
+
+    async def http_error(request, exc):
+        return error_response(f"{exc.detail} ({request.method} {request.url.path[:200]})",
+                              exc.status_code)  # fmt: skip
+
+    async def server_error(request, exc):
+        logger.error("Unhandled: %s: %s", type(exc).__name__, exc)
+        return error_response("Internal server error.", 500)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        await server.start()  # the first version loads before uvicorn listens
+        await server.start()  # the versions load before uvicorn listens
         yield
         await server.stop()  # after the requests in flight (uvicorn's graceful shutdown)
 
-    routes = [
-        Route("/", page),
-        Route(METRICS_PATH, metrics_page),
-        Route("/v1/models/{name}", status),
-        Route("/v1/models/{name}/metadata", metadata),
-        Route("/v1/models/{name_verb}", predict, methods=["POST"]),
-    ]
-    app = Starlette(routes=routes, lifespan=lifespan)
-    return AccessLog(app, metrics, enabled=access_log)
+    handlers = Handlers(model_name, server, limits, engine, metrics)
+    app = Starlette(
+        routes=handlers.routes(), lifespan=lifespan,
+        exception_handlers={HTTPException: http_error, Exception: server_error},
+    )  # fmt: skip
+    checked = AccessCheck(app, access or Access.local(), error_response)
+    return AccessLog(checked, metrics, enabled=access_log)
 
 
 async def _wait(request, queued, queue):
@@ -270,9 +395,21 @@ def parse_args(argv=None):
         description="Serve an export over HTTP with TF Serving's REST API (localhost by default).",
     )
     parser.add_argument("export_dir", help="an export's folder of versions (saved_models/NAME/"
-                        "onnx: the newest version is served, and a newer one that appears is "
-                        "loaded and swapped in) or one version (saved_models/NAME/onnx/1); "
+                        "onnx: the versions of --version-policy are served, and the folder is "
+                        "watched for changes) or one version (saved_models/NAME/onnx/1); "
                         "CTranslate2's with --engine ctranslate2")  # fmt: skip
+    _engine_flags(parser)
+    _network_flags(parser)
+    _limit_flags(parser)
+    _version_flags(parser)
+    parser.add_argument("--no-access-log", dest="access_log", action="store_false",
+                        help="no JSON line per request on stdout")  # fmt: skip
+    add_debug_flag(parser)
+    add_verbose_flag(parser)
+    return parser.parse_args(argv)
+
+
+def _engine_flags(parser):
     parser.add_argument("--engine", choices=ENGINES, default="onnx")
     precisions = sorted(set(PRECISIONS["onnx"] + PRECISIONS["ctranslate2"]))
     parser.add_argument("--precision", choices=precisions, default="float32",
@@ -283,37 +420,90 @@ def parse_args(argv=None):
                         help="cuda: ONNX Runtime's CUDA provider ([onnx-gpu]) or CTranslate2 on "
                         "the GPU; an error where none is present")  # fmt: skip
     parser.add_argument("--workers", type=int, default=None,
-                        help="translation processes, each with its own translator and "
-                        "--threads (default: one per usable core)")  # fmt: skip
+                        help="translation processes per version, each with its own translator "
+                        "and --threads (default: one per usable core)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1,
                         help="inference threads of each worker (0: the runtime's "
                         "default)")  # fmt: skip
     parser.add_argument("--model-name", default=None,
                         help="the NAME in /v1/models/NAME (default: the export's)")  # fmt: skip
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8501,
-                        help="0: a free port, which the line 'Serving on http://HOST:PORT' "
-                        "(stdout, once the model is loaded) names")  # fmt: skip
     parser.add_argument("--max-batch", type=int, default=64, help="sentences per batch")
     parser.add_argument("--max-wait-ms", type=float, default=5.0,
                         help="how long a request waits for others to batch with")  # fmt: skip
-    parser.add_argument("--max-queue", type=int, default=2048,
-                        help="sentences waiting for a worker at most; beyond, 503 with "
-                        "Retry-After")  # fmt: skip
-    parser.add_argument("--max-body-bytes", type=int, default=1 << 20)
-    parser.add_argument("--max-sentences", type=int, default=256, help="per request")
-    parser.add_argument("--max-characters", type=int, default=2000, help="per sentence")
-    parser.add_argument("--timeout", type=float, default=30.0,
-                        help="seconds per request (504 after; a request still queued then "
-                        "is never translated)")  # fmt: skip
+
+
+def _network_flags(parser):
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="the address to listen on; 0.0.0.0 or :: (every address) needs "
+                        "--allowed-hosts")  # fmt: skip
+    parser.add_argument("--port", type=int, default=8501,
+                        help="0: a free port, which the line 'Serving on http://HOST:PORT' "
+                        "(stdout, once the model is loaded) names")  # fmt: skip
+    parser.add_argument("--allowed-hosts", nargs="+", default=None, metavar="NAME",
+                        help="the names a request's Host header may give (403 otherwise; "
+                        "default: localhost, 127.0.0.1, ::1 and --host; '*': any)")  # fmt: skip
+    parser.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
+                        help="web origins (https://app.example.com) allowed to call from a "
+                        "browser, with CORS headers (default: none but the server's own page; "
+                        "requests without an Origin header, as curl's, are not "
+                        "affected)")  # fmt: skip
+    parser.add_argument("--trusted-proxies", nargs="+", default=None, metavar="ADDRESS",
+                        help="addresses (or networks) of proxies whose X-Forwarded-For names "
+                        "the client (uvicorn's forwarded_allow_ips; default: none, the peer "
+                        "is the client)")  # fmt: skip
+    parser.add_argument("--max-connections", type=int, default=512,
+                        help="open connections and requests at most (uvicorn's "
+                        "limit_concurrency: it answers 503 beyond, in plain text)")  # fmt: skip
+    parser.add_argument("--keep-alive-seconds", type=int, default=5,
+                        help="an idle keep-alive connection is closed after this")  # fmt: skip
+    parser.add_argument("--max-header-bytes", type=int, default=16384,
+                        help="the request line and headers at most (h11's "
+                        "max_incomplete_event_size; uvicorn closes the connection "
+                        "beyond)")  # fmt: skip
+    parser.add_argument("--drain-seconds", type=float, default=None,
+                        help="on SIGTERM or Ctrl-C, how long the requests in flight may take "
+                        "before the server exits (default: --timeout)")  # fmt: skip
+
+
+def _limit_flags(parser):
+    """One flag per field of `serving_requests.Limits`, its default and help from there."""
+    helps = {
+        "max_body_bytes": "the request body (413 beyond, checked before it is read)",
+        "max_sentences": "sentences per request",
+        "max_characters": "characters per sentence (and per prefix)",
+        "max_work": "per request: the characters of its sentences times the beam size",
+        "max_banned": "banned words or phrases per request",
+        "max_glossary": "glossary entries per request",
+        "max_term_words": "words of one banned phrase or glossary term",
+        "max_term_characters": "characters of one banned phrase or glossary term",
+        "max_queue": "sentences waiting for a worker at most, per version; beyond, 503 "
+                     "with Retry-After",
+        "max_client_queue": "sentences of one client (its address) waiting at most; "
+                            "beyond, 503 with Retry-After",
+        "timeout_seconds": "seconds per request from its first byte (504 after; a request "
+                           "still queued then is never translated)",
+        "body_seconds": "seconds to receive a request's body (408 after)",
+    }  # fmt: skip
+    for field in dataclasses.fields(Limits):
+        parser.add_argument(
+            Limits.flag(field.name), dest=field.name, type=field.type, default=field.default,
+            help=f"{helps[field.name]} (default: {field.default})",
+        )  # fmt: skip
+
+
+def _version_flags(parser):
+    parser.add_argument("--version-policy", choices=("latest", "specific", "all"),
+                        default="latest",
+                        help="which version folders are served (TF Serving's "
+                        "model_version_policy): the latest --latest-versions, the --versions "
+                        "listed, or all")  # fmt: skip
+    parser.add_argument("--latest-versions", type=int, default=1, metavar="N",
+                        help="with --version-policy latest: how many")  # fmt: skip
+    parser.add_argument("--versions", type=int, nargs="+", default=(), metavar="N",
+                        help="with --version-policy specific: the version numbers")  # fmt: skip
     parser.add_argument("--poll-seconds", type=float, default=1.0,
-                        help="how often a folder of versions is looked at for a new one "
+                        help="how often a folder of versions is looked at for changes "
                         "(TF Serving's --file_system_poll_wait_seconds)")  # fmt: skip
-    parser.add_argument("--no-access-log", dest="access_log", action="store_false",
-                        help="no JSON line per request on stdout")  # fmt: skip
-    add_debug_flag(parser)
-    add_verbose_flag(parser)
-    return parser.parse_args(argv)
 
 
 def _model_name(export_dir):
@@ -332,47 +522,57 @@ def _usable_cores():
 
 
 def build_app(args, factory=None, on_fatal=None):
-    """`(application, model name)` of the command line's arguments; raises
+    """`(application, model name, ModelServer)` of the command line's arguments; raises
     `ValueError` for a flag the engine cannot honour (nothing is loaded yet).
 
     `factory`: `serving_engines.EngineConfig.factory` (a stand-in translator)."""
+    from keras_transformer.serving_access import Access
     from keras_transformer.serving_engines import check_engine
     from keras_transformer.serving_metrics import Metrics
     from keras_transformer.serving_queue import RequestQueue
-    from keras_transformer.serving_workers import ModelServer, version_folders
+    from keras_transformer.serving_workers import ModelServer, VersionPolicy, version_folders
 
     config = EngineConfig(args.engine, args.precision, args.threads, args.device, factory)
     check_engine(config)
     workers = _usable_cores() if args.workers is None else args.workers
-    for flag, value in (("--workers", workers), ("--max-batch", args.max_batch),
-                        ("--max-queue", args.max_queue)):  # fmt: skip
-        if value < 1:
-            raise ValueError(f"{flag} must be at least 1. Received: {value}")
-    if args.max_sentences > args.max_queue:
-        raise ValueError(
-            f"--max-sentences {args.max_sentences} exceeds --max-queue {args.max_queue}: "
-            "such a request could never be queued."
-        )
+    limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)})
+    _check_numbers(args, workers, limits)
+    access = Access.of_flags(args.host, args.allowed_hosts, args.allowed_origins)
+    policy = VersionPolicy(args.version_policy, args.latest_versions, tuple(args.versions))
     found, _ = version_folders(args.export_dir)  # FileNotFoundError for a missing folder
     if not found:
         raise FileNotFoundError(
             f"{args.export_dir!r} is neither an export nor a folder of integer version folders."
         )
-    limits = {
-        "max_body_bytes": args.max_body_bytes,
-        "max_sentences": args.max_sentences,
-        "max_characters": args.max_characters,
-        "max_queue": args.max_queue,
-        "timeout_seconds": args.timeout,
-    }
     metrics = Metrics()
-    queue = RequestQueue(args.max_batch, args.max_wait_ms, args.max_queue, metrics)
-    server = ModelServer(
-        args.export_dir, config, workers, queue, metrics, args.poll_seconds, on_fatal
-    )
+
+    def queue():
+        return RequestQueue(args.max_batch, args.max_wait_ms, limits.max_queue, metrics,
+                            limits.max_client_queue)  # fmt: skip
+
+    server = ModelServer(args.export_dir, config, workers, queue, metrics, args.poll_seconds,
+                         on_fatal, policy)  # fmt: skip
     name = args.model_name or _model_name(args.export_dir)
-    app = make_app(name, server, limits, args.engine, metrics, args.access_log)
-    return app, name
+    app = make_app(name, server, limits, args.engine, metrics, args.access_log, access)
+    return app, name, server
+
+
+def _check_numbers(args, workers, limits):
+    """`ValueError` naming the flag of a count that must be positive, or of two limits
+    that cannot hold together."""
+    counts = [("--workers", workers), ("--max-batch", args.max_batch),
+              ("--max-connections", args.max_connections),
+              ("--max-header-bytes", args.max_header_bytes)]  # fmt: skip
+    counts += [(Limits.flag(f.name), getattr(limits, f.name)) for f in dataclasses.fields(limits)]
+    for flag, value in counts:
+        if not value > 0:
+            raise ValueError(f"{flag} must be positive. Received: {value}")
+    for small, large in (("max_sentences", "max_queue"), ("max_client_queue", "max_queue")):
+        if getattr(limits, small) > getattr(limits, large):
+            raise ValueError(
+                f"{Limits.flag(small)} {getattr(limits, small)} exceeds {Limits.flag(large)} "
+                f"{getattr(limits, large)}: such a request could never be queued."
+            )
 
 
 class _JsonLines(logging.Formatter):
@@ -396,10 +596,12 @@ def _configure_logging(verbose):
     access.propagate = False
 
 
-def _announcing_server(uvicorn, config):
+def _announcing_server(uvicorn, config, model_server):
     """A `uvicorn.Server` that prints `Serving on http://HOST:PORT` on stdout once it
-    listens (after the first version has loaded), with the port the OS bound: `--port 0`
-    takes a free one, and a script reads it from this line."""
+    listens (after the first version has loaded), with the port the OS bound (`--port
+    0` takes a free one, and a script reads it from this line), and that drains on
+    SIGTERM and SIGINT: it stops accepting connections, answers every request it has
+    received (up to `--drain-seconds`), starts no worker meanwhile, and exits 0."""
 
     class Server(uvicorn.Server):
         async def startup(self, sockets=None):
@@ -409,7 +611,31 @@ def _announcing_server(uvicorn, config):
                 host = f"[{config.host}]" if ":" in config.host else config.host
                 print(f"Serving on http://{host}:{port}", flush=True)
 
+        def handle_exit(self, sig, frame):
+            model_server.drain()
+            super().handle_exit(sig, frame)
+            # uvicorn raises the signal again once it has shut down, which would end the
+            # process with -SIGTERM: a drained server exits 0 instead.
+            self._captured_signals.clear()
+
     return Server(config)
+
+
+def _uvicorn_config(uvicorn, app, args):
+    """uvicorn's settings of the command line: connection limits and timeouts
+    (docs/serving.md, "Running it in production", says what uvicorn answers itself)."""
+    drain = args.timeout_seconds if args.drain_seconds is None else args.drain_seconds
+    return uvicorn.Config(
+        app, host=args.host, port=args.port,
+        log_level="info" if args.verbose else "warning",
+        timeout_graceful_shutdown=max(1, round(drain)),
+        limit_concurrency=args.max_connections,
+        timeout_keep_alive=args.keep_alive_seconds,
+        h11_max_incomplete_event_size=args.max_header_bytes,
+        proxy_headers=args.trusted_proxies is not None,
+        forwarded_allow_ips=args.trusted_proxies or [],
+        server_header=False,
+    )  # fmt: skip
 
 
 def main(argv=None, factory=None):
@@ -431,18 +657,15 @@ def main(argv=None, factory=None):
         fatal.append(message)
         held["server"].should_exit = True
 
-    app, name = run_main(
+    app, name, model_server = run_main(
         "keras-transformer-serve", args.debug, lambda: build_app(args, factory, on_fatal)
     )
     logger.info(
         "Loading %s (%s, %s) to serve as /v1/models/%s",
         args.export_dir, args.engine, args.precision, name,
     )  # fmt: skip
-    # uvicorn finishes the requests in flight on SIGINT/SIGTERM, then runs `shutdown`.
-    config = uvicorn.Config(app, host=args.host, port=args.port,
-                            log_level="info" if args.verbose else "warning",
-                            timeout_graceful_shutdown=args.timeout)  # fmt: skip
-    held["server"] = _announcing_server(uvicorn, config)
+    config = _uvicorn_config(uvicorn, app, args)
+    held["server"] = _announcing_server(uvicorn, config, model_server)
     held["server"].run()
     if fatal:
         raise SystemExit(f"keras-transformer-serve: error: {fatal[0]}")

@@ -180,9 +180,28 @@ def load_engine(version_dir, config):
     def translate(sentences, settings):
         return translator.translate(sentences, **settings)
 
+    runtime["warmup_ms"] = _warm_up(translator, config.engine)
+
     return LoadedTranslator(
         translate, beam_sizes, translator.search.beam_size, runtime, glossary, steering
     )
+
+
+WARMUP_SENTENCES = ["Warm-up.", "Das ist ein Satz zum Aufwärmen."]
+
+
+def _warm_up(translator, engine):
+    """Runs each search once before the version takes traffic (TF Serving's warm-up
+    requests), so that the first requests do not pay for the runtime's first-call
+    allocations; the steered graph's session is created now, while the version's
+    files are there (a version folder removed later no longer matters). Returns
+    the milliseconds it took."""
+    start = time.perf_counter()
+    if engine == "onnx" and translator.steering is not None:
+        translator.steered_session()
+    for beam_size in sorted({1, translator.search.beam_size}):
+        translator.translate(WARMUP_SENTENCES, beam_size=beam_size)
+    return round((time.perf_counter() - start) * 1000, 1)
 
 
 # ----------------------------------------------------------------- in the worker process
@@ -202,9 +221,10 @@ def _exit_with(server_pid, seconds=0.5):
 def worker_load(version_dir, config):
     """Loads the worker's translator; returns what the server needs to know of it."""
     global _LOADED
-    # Ctrl-C reaches the whole process group: the server stops its workers itself,
-    # after the batches in flight.
+    # Ctrl-C and a service manager's SIGTERM reach the whole process group: the server
+    # stops its workers itself, after the batches in flight (SIGKILL still ends one).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     threading.Thread(target=_exit_with, args=(os.getppid(),), daemon=True,
                      name="exit-with-server").start()  # fmt: skip
     factory = config.factory or load_engine

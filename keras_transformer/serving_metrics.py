@@ -14,6 +14,7 @@ ACCESS_LOGGER = "keras_transformer.serve.access"
 PREFIX = "keras_transformer_serve_"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MAX_LOGGED_PATH = 200  # characters of a request's path in the access log
 
 
 class Metrics:
@@ -111,8 +112,8 @@ class AccessLog:
                 self.metrics.latency.observe(duration)
             if self.enabled:
                 entry = {
-                    "method": scope["method"],
-                    "path": scope["path"],
+                    "method": scope["method"][:16],
+                    "path": scope["path"][:MAX_LOGGED_PATH],  # a client's choice: bounded
                     "status": answer["status"],
                     "ms": round(duration * 1000, 1),
                     "client": ":".join(map(str, scope["client"])) if scope.get("client") else None,

@@ -53,6 +53,7 @@ class Request:
     future: asyncio.Future
     queued: bool = True
     rows: dict | None = None  # per-sentence steering: name -> one value per sentence
+    client: str | None = None  # who sent it (`RequestQueue.put`)
 
 
 class RequestQueue:
@@ -62,24 +63,39 @@ class RequestQueue:
         max_batch: sentences at most in one batch (a single request may have more).
         max_wait_ms: how long the oldest request waits for others to batch with.
         max_queue: sentences waiting at most; `put` raises `QueueFull` beyond.
+        max_client_queue: sentences of one client waiting at most (default `max_queue`).
         metrics: a `serving_metrics.Metrics` (queue depth, dropped and rejected requests).
     """
 
-    def __init__(self, max_batch, max_wait_ms, max_queue, metrics):
+    def __init__(self, max_batch, max_wait_ms, max_queue, metrics, max_client_queue=None):
         self.max_batch = max_batch
         self.max_wait = max_wait_ms / 1000.0
         self.max_queue = max_queue
+        self.max_client_queue = max_queue if max_client_queue is None else max_client_queue
         self.metrics = metrics
         self.sentences = 0  # waiting, all settings together
-        self._counts = collections.Counter()  # waiting sentences per settings key
+        # Waiting sentences per settings key and per client: only keys with waiting
+        # sentences are kept, so client-chosen values (alpha, addresses) cannot grow them.
+        self._counts = collections.Counter()
+        self._clients = collections.Counter()
         self._items = collections.deque()
         self._arrival = asyncio.Event()
 
-    def put(self, sentences, settings, timeout, rows=None):
+    def put(self, sentences, settings, timeout, rows=None, client=None, deadline=None):
         """Queues a request; its `future` gets the translations. Raises `QueueFull`.
 
         `rows`: per-sentence steering, `{name: [one value per sentence]}` (`ROW_DEFAULTS`'
-        names), or None."""
+        names), or None. `client`: who sent it (its address), held to `max_client_queue`
+        waiting sentences so that one client cannot fill the queue for the others.
+        `deadline`: in the event loop's clock (default: now + `timeout`), for a request
+        whose clock started when its first byte arrived."""
+        waiting = self._clients[client]
+        if client is not None and waiting + len(sentences) > self.max_client_queue:
+            self.metrics.rejected.inc()
+            raise QueueFull(
+                f"This client has {waiting} sentences waiting and may queue at most "
+                f"{self.max_client_queue} (--max-client-queue). Retry later."
+            )
         if self.sentences + len(sentences) > self.max_queue:
             self.metrics.rejected.inc()
             raise QueueFull(
@@ -92,8 +108,9 @@ class RequestQueue:
         # its rows.
         key = (tuple(sorted(settings.items())), rows is not None)
         request = Request(
-            sentences, settings, key, now, now + timeout, loop.create_future(), rows=rows
-        )
+            sentences, settings, key, now, now + timeout if deadline is None else deadline,
+            loop.create_future(), rows=rows, client=client,
+        )  # fmt: skip
         self._items.append(request)
         self._count(request, +1)
         self._arrival.set()
@@ -154,9 +171,13 @@ class RequestQueue:
         return batch
 
     def _count(self, request, sign):
-        self.sentences += sign * len(request.sentences)
-        self._counts[request.key] += sign * len(request.sentences)
-        self.metrics.queue.set(self.sentences)
+        n = sign * len(request.sentences)
+        self.sentences += n
+        for counts, key in ((self._counts, request.key), (self._clients, request.client)):
+            counts[key] += n
+            if counts[key] <= 0:
+                del counts[key]
+        self.metrics.queue.inc(n)  # the gauge sums the queues of every version served
 
     def _drop(self, request, reason):
         request.queued = False

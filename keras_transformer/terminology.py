@@ -103,15 +103,25 @@ class Glossary:
                     f"strings. Received: {pair!r:.80}"
                 )
             self.entries.append(_entry(*pair, where=f"{name}: entry {index}"))
-        # First word -> its entries, longest first, then in the order given.
-        self._index = {}
+        # A trie over the terms' words: matching walks it from each word, so its
+        # work is words x the depth walked, however many entries share a prefix.
+        self._root = _Node()
+        self._max_words = 0
         for entry in self.entries:
-            self._index.setdefault(entry.words[0], []).append(entry)
-        for candidates in self._index.values():
-            candidates.sort(key=lambda entry: -len(entry.words))
+            node = self._root
+            for word in entry.words:
+                node = node.children.setdefault(word, _Node())
+            node.add(entry)
+            self._max_words = max(self._max_words, len(entry.words))
 
     def __len__(self):
         return len(self.entries)
+
+    @property
+    def max_words(self):
+        """The longest source term's word count (0 for an empty glossary): no match
+        spans more words."""
+        return self._max_words
 
     def __repr__(self):
         return f"Glossary({len(self)} entries from {self.name})"
@@ -138,21 +148,88 @@ class Glossary:
         """`[(first word, last word + 1, entry)]` of the terms found in `words`
         (`_words`), left to right, the longest first where several start at one
         word; with `target_words`, only entries whose target term is among them;
-        at most `limit` (None: all)."""
+        at most `limit` (None: all).
+
+        From each word it walks the trie as far as the words follow a term's
+        words, then tries the terms that ended along the walk, longest first,
+        each term's entries in the order given: the work is words x the depth
+        walked (at most `max_words`), whatever the number of entries."""
+        grams = None if target_words is None else _Ngrams(target_words)
         found, i = [], 0
         while i < len(words) and (limit is None or len(found) < limit):
-            for entry in self._index.get(words[i][2], ()):
-                n = len(entry.words)
-                if tuple(w for _, _, w in words[i : i + n]) != entry.words:
-                    continue
-                if target_words is not None and not _contains(target_words, entry.target_words):
-                    continue
-                found.append((i, i + n, entry))
-                i += n
-                break
+            ends, node = [], self._root
+            for j in range(i, len(words)):
+                node = node.children.get(words[j][2])
+                if node is None:
+                    break
+                if node.entries:
+                    ends.append((j + 1, node))
+            for end, node in reversed(ends):
+                entry = node.first(grams)
+                if entry is not None:
+                    found.append((i, end, entry))
+                    i = end
+                    break
             else:
                 i += 1
         return found
+
+
+class _Node:
+    """A node of `Glossary`'s trie: the words that continue a term, and the entries
+    whose source term ends here."""
+
+    __slots__ = ("children", "entries", "by_target", "target_lengths")
+
+    def __init__(self):
+        self.children = {}  # casefolded word -> _Node
+        self.entries = []  # in the order given
+        self.by_target = {}  # target words -> (position in entries) of the first with them
+        self.target_lengths = set()
+
+    def add(self, entry):
+        self.by_target.setdefault(entry.target_words, len(self.entries))
+        self.target_lengths.add(len(entry.target_words))
+        self.entries.append(entry)
+
+    def first(self, grams):
+        """The first entry (in the order given) whose target term is in `grams` (an
+        `_Ngrams`; None: any), or None.
+
+        Entries with one target term are alike to the filter, so it looks at each
+        distinct target term once, or, where there are more of them than the
+        target's word sequences of their lengths, looks those sequences up: at
+        most target words x lengths lookups, whatever the number of entries."""
+        if grams is None:
+            return self.entries[0]
+        if len(self.by_target) <= len(grams.words) * len(self.target_lengths):
+            for target, position in self.by_target.items():  # in the order given
+                if target in grams.of_length(len(target)):
+                    return self.entries[position]
+            return None
+        positions = [
+            self.by_target[gram]
+            for n in self.target_lengths
+            for gram in grams.of_length(n)
+            if gram in self.by_target
+        ]
+        return self.entries[min(positions)] if positions else None
+
+
+class _Ngrams:
+    """The contiguous word sequences of `words` (a target's casefolded words), by
+    length, each length's made when first asked for."""
+
+    def __init__(self, words):
+        self.words = tuple(words)
+        self._by_length = {}
+
+    def of_length(self, n):
+        grams = self._by_length.get(n)
+        if grams is None:
+            w = self.words
+            grams = self._by_length[n] = {w[i : i + n] for i in range(len(w) - n + 1)}
+        return grams
 
 
 def _entry(source, target, where):
@@ -167,12 +244,6 @@ def _entry(source, target, where):
                 raise ValueError(f"{where}: the {side} term {term!r} holds the tag {tag}.")
     words = tuple(w for _, _, w in _words(source))
     return Entry(source, target, words, tuple(w for _, _, w in _words(target)))
-
-
-def _contains(words, term):
-    """Whether the word sequence `term` occurs in `words` (casefolded strings)."""
-    n = len(term)
-    return any(tuple(words[i : i + n]) == term for i in range(len(words) - n + 1))
 
 
 def load_glossary(path):

@@ -139,7 +139,7 @@ def test_tf_serving_clients_get_the_exports_translations(server, expected):
         ({"instances": ["a"] * 41}, 400, "at most 40 (--max-sentences)"),
         ({"instances": ["a" * 301]}, 400, "at most 300 (--max-characters)"),
         ({"instances": ["a"], "signature_name": "other"}, 400, "Unknown signature_name"),
-        ({"instances": ["a"], "beam_size": 3}, 400, "beam_size must be one of"),
+        ({"instances": ["a"], "beam_size": 3}, 400, "beam_size must be an integer, one of"),
         (b"[" + b'"a",' * 400_000 + b'"a"]', 413, "(--max-body-bytes)"),
     ],
 )

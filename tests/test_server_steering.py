@@ -164,8 +164,8 @@ def test_concurrent_requests_with_different_steering_share_batches_each_its_own(
 @pytest.mark.parametrize(
     "fields,words",
     [
-        ({"sampling_topk": -1}, "sampling_topk must be an integer >= 0"),
-        ({"sampling_topk": 2.5}, "sampling_topk must be an integer >= 0"),
+        ({"sampling_topk": -1}, "sampling_topk must be an integer in [0, 2147483647]"),
+        ({"sampling_topk": 2.5}, "sampling_topk must be an integer in [0, 2147483647]"),
         ({"sampling_topk": 0, "sampling_temperature": 0}, "sampling_temperature must be"),
         ({"sampling_topk": 0, "seed": -1}, "seed must be an integer >= 0"),
         ({"sampling_topk": 0, "seed": [1]}, "seed must be an integer >= 0 or a list of 2"),
@@ -304,7 +304,8 @@ def test_batches_are_keyed_on_sampling_settings_and_join_the_per_sentence_rows()
 def test_a_field_the_engine_lacks_is_a_bad_request_naming_it(engine, supported, fields, words):
     from keras_transformer import serving_requests
 
+    limits = serving_requests.Limits(max_characters=300)
     with pytest.raises(serving_requests.BadRequest, match=words):
-        serving_requests.parse_steering(fields, None, 2, supported, engine, 300)
-    plain = serving_requests.parse_steering({"instances": ["a"]}, None, 1, supported, engine, 300)
+        serving_requests.parse_steering(fields, None, 2, supported, engine, limits)
+    plain = serving_requests.parse_steering({"instances": ["a"]}, None, 1, supported, engine, limits)
     assert plain == ({}, None)

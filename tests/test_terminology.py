@@ -157,6 +157,133 @@ def test_a_malformed_glossary_names_its_line(tmp_path):
     assert not (tmp_path / "work").exists()
 
 
+def _reference_matches(entries, words, target_words=None, limit=None):
+    """`Glossary.matches` as it was before the trie: entries indexed by their first
+    word, each candidate compared slice by slice (quadratic in the entries that
+    share a first word). The semantics the trie must keep."""
+
+    def contains(words, term):
+        n = len(term)
+        return any(tuple(words[i : i + n]) == term for i in range(len(words) - n + 1))
+
+    index = {}
+    for entry in entries:
+        index.setdefault(entry.words[0], []).append(entry)
+    for candidates in index.values():
+        candidates.sort(key=lambda entry: -len(entry.words))
+    found, i = [], 0
+    while i < len(words) and (limit is None or len(found) < limit):
+        for entry in index.get(words[i][2], ()):
+            n = len(entry.words)
+            if tuple(w for _, _, w in words[i : i + n]) != entry.words:
+                continue
+            if target_words is not None and not contains(target_words, entry.target_words):
+                continue
+            found.append((i, i + n, entry))
+            i += n
+            break
+        else:
+            i += 1
+    return found
+
+
+def test_trie_matching_equals_the_first_word_index_on_random_glossaries():
+    """On random glossaries over a few words (terms that overlap and share prefixes,
+    source terms repeated with other targets, some spelt in capitals), `matches`
+    returns exactly the reference's list, entry for entry (by identity): the
+    longest term first, the order given among equal terms, left to right, no
+    overlap, with and without the `target_words` filter, with and without `limit`."""
+    rng = random.Random(20240611)
+    source_alphabet = ["a", "b", "c", "d", "A", "straße", "STRASSE"]
+    target_alphabet = ["x", "y", "z", "w"]
+    checked = matched = filtered = 0
+    for _ in range(400):
+        pairs = []
+        for _ in range(rng.randint(1, 25)):
+            if pairs and rng.random() < 0.3:  # a source term again, with another target
+                source = rng.choice(pairs)[0]
+            else:
+                source = " ".join(rng.choices(source_alphabet, k=rng.randint(1, 4)))
+            pairs.append((source, " ".join(rng.choices(target_alphabet, k=rng.randint(1, 3)))))
+        glossary = Glossary(pairs)
+        assert glossary.max_words == max(len(e.words) for e in glossary.entries)
+        for _ in range(10):
+            sentence = ", ".join(rng.choices(source_alphabet + ["q"], k=rng.randint(0, 14)))
+            words = terminology._words(sentence)
+            target = [w for _, _, w in terminology._words(
+                " ".join(rng.choices(target_alphabet + ["v"], k=rng.randint(0, 6))))]  # fmt: skip
+            for target_words in (None, target):
+                for limit in (None, rng.randint(0, 3)):
+                    got = glossary.matches(words, target_words, limit)
+                    expected = _reference_matches(glossary.entries, words, target_words, limit)
+                    assert [(i, n, id(e)) for i, n, e in got] == [
+                        (i, n, id(e)) for i, n, e in expected
+                    ], (pairs, sentence, target_words, limit)
+                    checked += 1
+                    matched += bool(got)
+                    filtered += target_words is not None and bool(got)
+    assert checked == 16000 and matched > 4000 and filtered > 1000, (checked, matched, filtered)
+    assert Glossary([]).max_words == 0 and Glossary([]).matches(words) == []
+
+
+class _CountedWord(str):
+    """A casefolded word that counts the times it is hashed or compared: the work
+    any matching algorithm does on the sentence's words, whatever its data
+    structure (dict lookups hash and compare, slice comparisons compare)."""
+
+    counter = [0]
+
+    def __hash__(self):
+        self.counter[0] += 1
+        return str.__hash__(self)
+
+    def __eq__(self, other):
+        self.counter[0] += 1
+        return str.__eq__(self, other)
+
+    def __ne__(self, other):
+        self.counter[0] += 1
+        return str.__ne__(self, other)
+
+
+def _counted(words):
+    return [(start, end, _CountedWord(w)) for start, end, w in words]
+
+
+def test_matching_work_is_bounded_by_words_times_depth_not_by_the_entries():
+    """A client-supplied glossary of 20,000 entries that share a first word ("der
+    x1", ..., "der x20000") over a sentence of "der" words: matching hashes and
+    compares the sentence's words (counted by `_CountedWord`) at most a few times
+    per word x the trie depth walked (`max_words`), with or without the
+    `target_words` filter over 20,000 entries of one source term.
+
+    Not a timing test: it counts the operations on the words. The first-word
+    index compared each of the 20,000 candidates at each word (2 comparisons
+    each: 40,000 per word, against a bound of 8 here), and tested each entry's
+    target against the target words; reintroducing any per-candidate scan
+    multiplies the count by the entries and fails."""
+    counter = _CountedWord.counter
+    count = 20_000
+    glossary = Glossary([(f"der x{k}", f"t{k}") for k in range(1, count + 1)])
+    assert len(glossary) == count and glossary.max_words == 2
+    text = " ".join(["der"] * 40) + f" x{count} der"
+    words = _counted(terminology._words(text))
+    counter[0] = 0
+    found = glossary.matches(words)
+    assert [(i, n, e.source) for i, n, e in found] == [(39, 41, f"der x{count}")]
+    assert counter[0] <= 2 * len(words) * (glossary.max_words + 1), counter[0]
+    # One source term, 20,000 targets: the filter looks up the target's words, not
+    # every entry (the first listed whose target is there wins: t5000, not t19999).
+    same = Glossary([("der", f"t{k}") for k in range(count)])
+    target = _counted(terminology._words("a t19999 b t5000 c d"))
+    words = _counted(terminology._words(" ".join(["der"] * 40)))
+    counter[0] = 0
+    found = same.matches(words, [w for _, _, w in target])
+    assert [e.target for _, _, e in found] == ["t5000"] * 40
+    bound = 2 * len(words) * (same.max_words + 1) + 4 * len(words) * len(target)
+    assert counter[0] <= bound, (counter[0], bound)
+
+
 # ------------------------------------------------------------------ a trained fixture
 
 
