@@ -478,16 +478,20 @@ def _limit_flags(parser):
         "max_term_characters": "characters of one banned phrase or glossary term",
         "max_queue": "sentences waiting for a worker at most, per version; beyond, 503 "
                      "with Retry-After",
-        "max_client_queue": "sentences of one client (its address) waiting at most; "
-                            "beyond, 503 with Retry-After",
+        "max_client_queue": "sentences of one client (its address) waiting at most, so "
+                            "that one client cannot fill the queue; beyond, 503 with "
+                            "Retry-After (default: a quarter of --max-queue, at least "
+                            "--max-sentences)",
         "timeout_seconds": "seconds per request from its first byte (504 after; a request "
                            "still queued then is never translated)",
         "body_seconds": "seconds to receive a request's body (408 after)",
     }  # fmt: skip
     for field in dataclasses.fields(Limits):
         parser.add_argument(
-            Limits.flag(field.name), dest=field.name, type=field.type, default=field.default,
-            help=f"{helps[field.name]} (default: {field.default})",
+            Limits.flag(field.name), dest=field.name, default=field.default,
+            type=float if field.type is float else int,
+            help=helps[field.name] + ("" if field.default is None else
+                                      f" (default: {field.default})"),
         )  # fmt: skip
 
 
@@ -536,6 +540,7 @@ def build_app(args, factory=None, on_fatal=None):
     check_engine(config)
     workers = _usable_cores() if args.workers is None else args.workers
     limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)})
+    limits = limits.resolved()
     _check_numbers(args, workers, limits)
     access = Access.of_flags(args.host, args.allowed_hosts, args.allowed_origins)
     policy = VersionPolicy(args.version_policy, args.latest_versions, tuple(args.versions))

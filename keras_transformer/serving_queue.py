@@ -89,18 +89,18 @@ class RequestQueue:
         waiting sentences so that one client cannot fill the queue for the others.
         `deadline`: in the event loop's clock (default: now + `timeout`), for a request
         whose clock started when its first byte arrived."""
+        if self.sentences + len(sentences) > self.max_queue:
+            self.metrics.rejected.inc()
+            raise QueueFull(
+                f"The server is overloaded: {self.sentences} sentences are waiting and it "
+                f"queues at most {self.max_queue} (--max-queue). Retry later."
+            )
         waiting = self._clients[client]
         if client is not None and waiting + len(sentences) > self.max_client_queue:
             self.metrics.rejected.inc()
             raise QueueFull(
                 f"This client has {waiting} sentences waiting and may queue at most "
                 f"{self.max_client_queue} (--max-client-queue). Retry later."
-            )
-        if self.sentences + len(sentences) > self.max_queue:
-            self.metrics.rejected.inc()
-            raise QueueFull(
-                f"The server is overloaded: {self.sentences} sentences are waiting and it "
-                f"queues at most {self.max_queue} (--max-queue). Retry later."
             )
         loop = asyncio.get_running_loop()
         now = loop.time()

@@ -49,9 +49,18 @@ class Limits:
     max_term_words: int = 16  # words of one banned phrase or glossary term
     max_term_characters: int = 200  # characters of one banned phrase or glossary term
     max_queue: int = 2048  # sentences waiting in all (503 beyond)
-    max_client_queue: int = 512  # sentences waiting of one client (503 beyond)
+    # sentences waiting of one client (503 beyond); None: a quarter of max_queue, at least
+    # max_sentences (`resolved`)
+    max_client_queue: int | None = None
     timeout_seconds: float = 30.0  # per request, from its first byte to its answer
     body_seconds: float = 10.0  # to receive the body (408 after)
+
+    def resolved(self):
+        """These limits with `max_client_queue`'s default worked out."""
+        if self.max_client_queue is not None:
+            return self
+        share = max(self.max_sentences, self.max_queue // 4)
+        return dataclasses.replace(self, max_client_queue=min(share, self.max_queue))
 
     @staticmethod
     def flag(name):

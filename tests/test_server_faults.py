@@ -43,7 +43,8 @@ SERVE = (
 
 def stand_in(version_dir, config):
     """The workers' translator in these tests (see the module's docstring). A version
-    folder with a file `broken` does not load; `load_seconds.txt` makes it load slowly."""
+    folder with a file `broken` does not load; `load_seconds.txt` makes it load slowly;
+    a file `glossary` makes it take a glossary (as a model trained with --terminology)."""
 
     def read(name, default=""):
         path = os.path.join(version_dir, name)
@@ -69,7 +70,8 @@ def stand_in(version_dir, config):
         time.sleep(delay)
         return [s.upper() + suffix for s in sentences]
 
-    return LoadedTranslator(translate, (1, 4), 4, {"stand_in": True})
+    glossary = os.path.exists(os.path.join(version_dir, "glossary"))
+    return LoadedTranslator(translate, (1, 4), 4, {"stand_in": True}, glossary=glossary)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -78,7 +80,8 @@ def stand_in(version_dir, config):
 class Served:
     """A server process over `models/` (version folders) in a test's tmp_path."""
 
-    def __init__(self, tmp_path, *flags, versions=("1",), delay=0.0, wait=True):
+    def __init__(self, tmp_path, *flags, versions=("1",), delay=0.0, wait=True,
+                 new_session=False):  # fmt: skip
         self.models = tmp_path / "models"
         for version in versions:
             (self.models / version).mkdir(parents=True, exist_ok=True)
@@ -93,6 +96,7 @@ class Served:
                 [sys.executable, "-c", SERVE, str(self.models), "--port", str(self.port),
                  "--model-name", NAME, "--poll-seconds", "0.2", *flags],
                 stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                start_new_session=new_session,  # a process group of its own: killpg
             )  # fmt: skip
         if wait:
             self.wait_for(lambda: self.state() == "AVAILABLE", "the server did not start")
@@ -115,12 +119,13 @@ class Served:
             return versions[0]["state"] if versions else None
         return states.get(version)
 
-    def post(self, sentences, timeout=30):
-        """`(status, body, headers)` of a predict request."""
-        body = json.dumps({"instances": sentences}).encode("utf-8")
+    def post(self, sentences, timeout=30, path=f"/v1/models/{NAME}:predict", headers=None,
+             **fields):  # fmt: skip
+        """`(status, body, headers)` of a predict request (`fields`: the request's others)."""
+        body = json.dumps({"instances": sentences, **fields}).encode("utf-8")
         request = urllib.request.Request(
-            self.url(f"/v1/models/{NAME}:predict"), data=body,
-            headers={"Content-Type": "application/json"},
+            self.url(path), data=body,
+            headers={"Content-Type": "application/json", **(headers or {})},
         )  # fmt: skip
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -380,7 +385,7 @@ def test_a_client_that_disconnects_cancels_work_not_yet_started(serve):
     body = json.dumps({"instances": ["weg"]}).encode("utf-8")
     with socket.create_connection(("127.0.0.1", server.port)) as s:
         s.sendall(
-            f"POST /v1/models/{NAME}:predict HTTP/1.1\r\nHost: x\r\n"
+            f"POST /v1/models/{NAME}:predict HTTP/1.1\r\nHost: localhost\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
             + body
         )
@@ -394,7 +399,7 @@ def test_a_client_that_disconnects_cancels_work_not_yet_started(serve):
     for cut in (10, len(body) - 1):
         with socket.create_connection(("127.0.0.1", server.port)) as s:
             s.sendall(
-                f"POST /v1/models/{NAME}:predict HTTP/1.1\r\nHost: x\r\n"
+                f"POST /v1/models/{NAME}:predict HTTP/1.1\r\nHost: localhost\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
                 + body[:cut]
             )

@@ -307,5 +307,7 @@ def test_a_field_the_engine_lacks_is_a_bad_request_naming_it(engine, supported, 
     limits = serving_requests.Limits(max_characters=300)
     with pytest.raises(serving_requests.BadRequest, match=words):
         serving_requests.parse_steering(fields, None, 2, supported, engine, limits)
-    plain = serving_requests.parse_steering({"instances": ["a"]}, None, 1, supported, engine, limits)
+    plain = serving_requests.parse_steering(
+        {"instances": ["a"]}, None, 1, supported, engine, limits
+    )
     assert plain == ({}, None)
