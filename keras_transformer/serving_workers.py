@@ -520,24 +520,25 @@ class ModelServer:
     # ---------------------------------------------------------------- life cycle
 
     async def start(self):
-        """Loads the versions the policy wants, then polls for changes where
-        `export_dir` is a folder of versions; `on_fatal` if none loads."""
+        """Loads the versions the policy wants (one that fails leaves its place to the
+        next the policy takes), then polls for changes where `export_dir` is a folder
+        of versions; `on_fatal` if none loads."""
         found, polled = version_folders(self.export_dir)
-        wanted = self.policy.wanted(found)
-        if not wanted:
+        self._seen = {v: folder_state(f) for v, f in found.items()}
+        tried = []
+        while not self.served and (wanted := [v for v in self._wanted(found)
+                                              if v not in tried]):  # fmt: skip
+            for version in wanted:
+                tried.append(version)
+                await self._load(version, found[version])
+        if self.version is None:
+            errors = "; ".join(f"version {v}: {self.versions[v][1]}" for v in tried)
             self._fatal(
-                f"{self.export_dir!r} holds no export and no integer version folder that the "
-                f"version policy ({self.policy.kind}) serves; found {sorted(found)}."
+                f"No version of {self.export_dir} loaded (version policy {self.policy.kind}; "
+                f"found {sorted(found)}): {errors or 'none to load'}"
             )
             return
-        for version in wanted:
-            await self._load(version, found[version])
-        if self.version is None:
-            errors = "; ".join(f"version {v}: {self.versions[v][1]}" for v in wanted)
-            self._fatal(f"No version of {self.export_dir} loaded: {errors}")
-            return
         if polled:
-            self._seen = {v: folder_state(f) for v, f in found.items()}
             self.spawn(self._poll())
 
     def drain(self):
@@ -580,31 +581,38 @@ class ModelServer:
 
     async def _look(self):
         """One look at the folder of versions: loads what the policy wants once its
-        folder is unchanged since the last look, then retires what it no longer wants."""
+        folder is unchanged since the last look, then retires what it no longer wants.
+        The policy chooses among the versions that may load: one that failed is left
+        out until its folder changes, so a broken newest version leaves the one before
+        it served, and removing a version's folder brings back the one before."""
         try:
             found, _ = version_folders(self.export_dir)
         except OSError as error:
             logger.error("Cannot list the versions of %s: %s", self.export_dir, error)
             return
         seen, self._seen = self._seen, {v: folder_state(f) for v, f in found.items()}
-        for version in self.policy.wanted(found):
+        for version in self._wanted(found):
             state = self._seen[version]
             if version in self.served or state is None or seen.get(version) != state:
                 continue  # served, unreadable, or still changing: looked at again next time
-            if self._failed.get(version) == state:
-                continue  # did not load as it is: tried again once it changes
             await self._load(version, found[version])
             if self.draining:
                 return
-        wanted = set(self.policy.wanted(found)) & set(self.served)
-        loaded = [v for v in wanted if self.served[v].state == "AVAILABLE"]
-        if not loaded:
+        wanted = set(self._wanted(found)) & set(self.served)
+        if not any(self.served[v].state == "AVAILABLE" for v in wanted):
             return  # nothing wanted has loaded: what is served goes on serving
         for version, served in list(self.served.items()):
             if version not in wanted and served.state == "AVAILABLE":
                 served.state = "UNLOADING"  # takes no request from now on
                 self.versions[version] = ("UNLOADING", "")
                 self.spawn(self._retire(served))
+
+    def _wanted(self, found):
+        """The policy's versions among those of `found` that may load (a version that
+        failed is left out while its folder stays as it was)."""
+        return self.policy.wanted(
+            [v for v in found if v not in self._failed or self._failed[v] != self._seen.get(v)]
+        )
 
     async def _load(self, version, folder):
         """Loads `version` in a new set of workers; False if it fails (logged, reported
