@@ -19,6 +19,7 @@ against it unchanged (https://www.tensorflow.org/tfx/serving/api_rest):
                                          {"inputs": [...]} -> {"outputs": [...]}
     GET  /monitoring/prometheus/metrics  Prometheus metrics (TF Serving's path)
     GET  /                               a page to type a sentence into
+    .../v1/models/NAME/versions/N[/metadata|:predict]   one version's (the policy's)
 
 Extra request fields, this server's own: `"beam_size"` (one the export
 has), `"alpha"`, with `--engine ctranslate2` `"num_hypotheses": N`
@@ -43,10 +44,16 @@ with its own (`serving_queue`). The ONNX engine runs them in
 translate_steered.onnx (an export without it answers 400 naming it);
 CTranslate2 takes all but `"seed"` (400 naming the engine).
 
-Errors come as TF Serving's, `{"error": "..."}` with status 400 (404 for
-another model name), one line naming the problem; 503 with `Retry-After`
-when the queue is full (`--max-queue`) or when the worker translating the
-request died; 504 at `--timeout`.
+Errors come as TF Serving's, `{"error": "..."}`, one line naming the
+problem, for every status the application answers: 400 for a request
+that is malformed, of a wrong type or range, or over a limit (each
+`serving_requests.Limits` field is a flag); 403 for a Host or Origin not
+allowed (`serving_access`); 404 for another model, version or path; 408
+for a body slower than `--body-timeout`; 413 over `--max-body-bytes`
+(checked before the body is read); 503 with `Retry-After` when the queue
+or the client's share of it is full or when the worker translating the
+request died; 504 at `--timeout`. docs/serving.md, "Running it in
+production", lists the limits and what belongs to a proxy in front.
 
 Once the first version has loaded and the server listens, it prints
 `Serving on http://HOST:PORT` on stdout, its first line there (the access
@@ -55,7 +62,8 @@ log's JSON lines follow); `--port 0` takes a free port, which that line names.
 `--workers` processes translate batches side by side, each with its own
 translator and `--threads` (`serving_workers`); one queue, bounded in
 sentences, feeds them (`serving_queue`); a folder of version folders is
-watched for new versions (TF Serving's "latest" policy). Neither
+watched and served by `--version-policy` (TF Serving's policies); SIGTERM
+or Ctrl-C drains (every request received is answered) and exits 0. Neither
 TensorFlow nor Keras is imported (the ONNX translator refuses a process
 that has TensorFlow).
 """
