@@ -152,14 +152,14 @@ PATHS = {
 def _translate_function(path, work_dir, export_dir, plain_work_dir):
     """`translate(sources, glossary=None, constraints=None)` of one path, one thread."""
     if path in ("onnx", "onnx_int8"):
-        from keras_transformer.onnx_translator import OnnxTranslator
+        from keras_transformer.translators.onnx_translator import OnnxTranslator
 
         precision = "int8" if path == "onnx_int8" else "float32"
         onnx_dir = _newest(os.path.join(export_dir, "onnx"))
         return OnnxTranslator(onnx_dir, precision=precision, intra_op_num_threads=1,
                               batch_size=64).translate  # fmt: skip
     if path == "ctranslate2":
-        from keras_transformer.ctranslate2_translator import CTranslate2Translator
+        from keras_transformer.translators.ctranslate2_translator import CTranslate2Translator
 
         directory = _newest(os.path.join(export_dir, "ctranslate2"))
         return CTranslate2Translator(directory, intra_threads=1, batch_size=64).translate
@@ -169,7 +169,7 @@ def _translate_function(path, work_dir, export_dir, plain_work_dir):
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     if path.startswith("keras"):
-        from keras_transformer.translator import Translator
+        from keras_transformer.translators.keras_translator import Translator
 
         directory = plain_work_dir if path == "keras, plain model" else work_dir
         return Translator.load(directory, batch_size=64).translate

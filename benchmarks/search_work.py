@@ -82,9 +82,9 @@ def main(argv=None):
     import numpy as np
     from serving import test_set
 
-    from keras_transformer import frontend, workdir
+    from keras_transformer.serving import frontend, workdir
     from keras_transformer.training import load_trained
-    from keras_transformer.translator import Translator
+    from keras_transformer.translators.keras_translator import Translator
 
     model, tokenizer, info = load_trained(args.work_dir)
     run_search = workdir.search_of(info).replace(

@@ -603,7 +603,7 @@ def _start_server(args, batching):
         extra[:2] = ["--max-wait-ms", "0", "--max-batch", "1"]
     port, name = _free_port(), "loadtest"
     server = subprocess.Popen(
-        [sys.executable, "-m", "keras_transformer.serve", args.export_dir, "--port",
+        [sys.executable, "-m", "keras_transformer.serving", args.export_dir, "--port",
          str(port), "--model-name", name, "--max-sentences", "1000", *extra],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
     )  # fmt: skip

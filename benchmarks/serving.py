@@ -159,7 +159,7 @@ def _saved_model_translate(export_dir, threads):
 
 def _onnx_translate(export_dir, threads, precision):
     """`translate(batch, search) -> list of str`: one translate.onnx run per batch."""
-    from keras_transformer.onnx_translator import OnnxTranslator
+    from keras_transformer.translators.onnx_translator import OnnxTranslator
 
     translator = OnnxTranslator(export_dir, intra_op_num_threads=threads, precision=precision)
     return lambda batch, search: translator.run(batch, beam_size=SEARCHES[search])
@@ -167,7 +167,7 @@ def _onnx_translate(export_dir, threads, precision):
 
 def _ctranslate2_translate(export_dir, threads, compute_type):
     """`translate(batch, search) -> list of str`: one `translate_batch` call per batch."""
-    from keras_transformer.ctranslate2_translator import CTranslate2Translator
+    from keras_transformer.translators.ctranslate2_translator import CTranslate2Translator
 
     translator = CTranslate2Translator(
         export_dir, batch_size=1 << 20, compute_type=compute_type, intra_threads=threads

@@ -60,7 +60,7 @@ def main(argv=None):
     parser.add_argument("--out", help="JSON lines, one per mode and batch size")
     args = parser.parse_args(argv)
 
-    from keras_transformer.translator import Translator
+    from keras_transformer.translators.keras_translator import Translator
 
     pairs = test_pairs(args.sentences)
     sources = [german for german, _ in pairs]

@@ -6,7 +6,7 @@
 
 Named onnx_model.py, not onnx.py: `python export/onnx.py` would put export/
 first on sys.path and shadow the `onnx` package. Load the result with
-`keras_transformer.onnx_translator.OnnxTranslator`, or translate.onnx with plain
+`keras_transformer.translators.onnx_translator.OnnxTranslator`, or translate.onnx with plain
 onnxruntime + onnxruntime-extensions from any language.
 """
 

@@ -1,7 +1,7 @@
 """keras_transformer: the Transformer of "Attention Is All You Need" in Keras 3.
 
 The public names below are imported on first use (PEP 562), not when the
-package is imported: `keras_transformer.onnx_translator` runs with
+package is imported: `keras_transformer.translators.onnx_translator` runs with
 onnxruntime alone, in a process where Keras and TensorFlow are not even
 installed (and must not import TensorFlow: its protobuf clashes with
 onnxruntime-extensions'). The package's Keras classes are registered for
@@ -16,6 +16,8 @@ import importlib.abc
 import importlib.util
 import logging
 import sys
+
+from keras_transformer import _moved
 
 __version__ = "0.1.0"
 
@@ -34,9 +36,9 @@ _EXPORTS = {
     "Transformer": "keras_transformer.model",
     "TransformerSchedule": "keras_transformer.schedules",
     "TrainingConfig": "keras_transformer.training.options",
-    "Translator": "keras_transformer.translator",
-    "OnnxTranslator": "keras_transformer.onnx_translator",
-    "CTranslate2Translator": "keras_transformer.ctranslate2_translator",
+    "Translator": "keras_transformer.translators.keras_translator",
+    "OnnxTranslator": "keras_transformer.translators.onnx_translator",
+    "CTranslate2Translator": "keras_transformer.translators.ctranslate2_translator",
     "compile_with_paper_recipe": "keras_transformer.recipe",
 }
 
@@ -49,7 +51,10 @@ def register_keras_classes():
     Call it (or import `keras_transformer.model`) before `keras.saving.load_model`
     of a file saved by this package.
     """
-    translators = {"keras_transformer.onnx_translator", "keras_transformer.ctranslate2_translator"}
+    translators = {
+        "keras_transformer.translators.onnx_translator",
+        "keras_transformer.translators.ctranslate2_translator",
+    }
     for module in sorted(set(_EXPORTS.values()) - translators):
         importlib.import_module(module)
 
@@ -131,4 +136,5 @@ def __dir__():
     return sorted(set(globals()) | set(__all__))
 
 
+_moved.install()  # the old names of the modules now in serving/ and translators/
 _register_when_keras_loads()  # last: registering reads `__getattr__`

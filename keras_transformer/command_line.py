@@ -76,7 +76,7 @@ COMMANDS = (
     ("keras-transformer-translate", "keras_transformer.translate", "translate a file"),
     ("keras-transformer-average", "keras_transformer.averaging", "average checkpoints"),
     ("python export/all.py", "keras_transformer.export.cli", "export a finished run"),
-    ("keras-transformer-serve", "keras_transformer.serve", "serve an export over HTTP"),
+    ("keras-transformer-serve", "keras_transformer.serving.cli", "serve an export over HTTP"),
 )
 
 

@@ -2,7 +2,7 @@
 test split's scores (the Ding dictionary's own included), and the validation loss."""
 
 from keras_transformer.search import PAPER
-from keras_transformer.translator import Translator
+from keras_transformer.translators.keras_translator import Translator
 
 
 def make_translator(model, tokenizer, search=PAPER, batch_size=64):

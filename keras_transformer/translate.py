@@ -144,7 +144,7 @@ def _main(args):
         from keras_transformer.terminology import load_glossary
 
         glossary = load_glossary(args.glossary)
-    from keras_transformer.translator import Translator
+    from keras_transformer.translators.keras_translator import Translator
 
     model, tokenizer = load(args.work_dir)
     translator = Translator(

@@ -190,7 +190,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     check_matplotlib()  # fail before loading the model when matplotlib is missing
-    from keras_transformer.translator import Translator
+    from keras_transformer.translators.keras_translator import Translator
 
     translator = Translator.from_preset(args.work_dir, beam_size=args.beam_size)
     sentences = args.sentences or [line for line in sys.stdin.read().splitlines() if line.strip()]

@@ -33,7 +33,7 @@ if keras.backend.backend() == "tensorflow":
 # CTranslate2 picks its int8 GEMM when it is first imported, and test modules import it
 # at collection (pytest.importorskip): first through the package, as its own code does.
 if importlib.util.find_spec("ctranslate2") is not None:
-    from keras_transformer.ctranslate2_translator import import_ctranslate2
+    from keras_transformer.translators.ctranslate2_translator import import_ctranslate2
 
     import_ctranslate2()
 

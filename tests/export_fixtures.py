@@ -220,7 +220,7 @@ def keras_translations(work_dir, sentences, beam_size, alpha=0.6, max_extra_leng
     key = ("translations", work_dir, beam_size, alpha, max_extra_length, tuple(sentences))
     if key not in _CACHE:
         model, tokenizer, _ = loaded_work_dir(work_dir)
-        from keras_transformer.translator import Translator
+        from keras_transformer.translators.keras_translator import Translator
 
         translate = Translator(
             model, tokenizer, beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length

@@ -146,7 +146,7 @@ def test_int8_translates_as_float32_does_on_most_sentences(export):
     ],
 )
 def test_the_cpus_whose_int8_saturates(tmp_path, vendor, flags, saturates):
-    from keras_transformer.ctranslate2_translator import int8_pairs_saturate
+    from keras_transformer.translators.ctranslate2_translator import int8_pairs_saturate
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\nflags\t\t: fpu {flags}\n")
@@ -159,7 +159,7 @@ def test_ctranslate2_is_imported_with_mkl_where_int8_saturates():
     on the CPUs whose default int8 GEMM saturates (this machine's answer, either way);
     a value the user set is kept."""
     code = (
-        "import os; from keras_transformer.ctranslate2_translator import "
+        "import os; from keras_transformer.translators.ctranslate2_translator import "
         "import_ctranslate2, int8_pairs_saturate; import_ctranslate2(); "
         "print(os.environ.get('CT2_USE_MKL'), int8_pairs_saturate())"
     )
@@ -174,7 +174,8 @@ def test_ctranslate2_is_imported_with_mkl_where_int8_saturates():
 
 
 def test_int8_warns_where_ctranslate2_kept_a_saturating_gemm(export, monkeypatch, caplog):
-    from keras_transformer import CTranslate2Translator, ctranslate2_translator
+    from keras_transformer import CTranslate2Translator
+    from keras_transformer.translators import ctranslate2_translator
 
     monkeypatch.setattr(ctranslate2_translator, "int8_pairs_saturate", lambda: True)
     monkeypatch.setenv("CT2_USE_MKL", "0")

@@ -5,8 +5,8 @@ import sys
 import numpy as np
 import pytest
 
-from keras_transformer import frontend
 from keras_transformer.search import PAPER, SearchConfig
+from keras_transformer.serving import frontend
 
 
 def test_blank_characters_are_exactly_pythons_whitespace():

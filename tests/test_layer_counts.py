@@ -80,7 +80,7 @@ def test_the_ctranslate2_export_keeps_both_depths_and_translates_as_keras(tmp_pa
     from keras_transformer import CTranslate2Translator
     from keras_transformer.export import export_all
     from keras_transformer.export.ctranslate2 import transformer_spec
-    from keras_transformer.translator import Translator
+    from keras_transformer.translators.keras_translator import Translator
     from keras_transformer.workdir import load
 
     keras.utils.set_random_seed(SEED)

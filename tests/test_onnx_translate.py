@@ -266,7 +266,7 @@ def test_config_lists_the_graphs_inputs(export):
 
 def test_refuses_a_process_with_tensorflow(export):
     """Here TensorFlow is imported: a clear error instead of the extensions' crash."""
-    from keras_transformer.onnx_translator import OnnxTranslator
+    from keras_transformer.translators.onnx_translator import OnnxTranslator
 
     with pytest.raises(RuntimeError, match="imported TensorFlow"):
         OnnxTranslator(export[1]["onnx"])

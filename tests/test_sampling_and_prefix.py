@@ -14,7 +14,7 @@ import pytest
 from export_fixtures import held_out_sentences, trained
 
 from keras_transformer.sampling import sampler, uniform
-from keras_transformer.translator import Translator
+from keras_transformer.translators.keras_translator import Translator
 
 pytestmark = pytest.mark.multibackend
 

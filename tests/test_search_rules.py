@@ -317,7 +317,7 @@ def test_dropping_finished_changes_no_translation(monkeypatch, tmp_path_factory)
     from export_fixtures import held_out_sentences, loaded_work_dir, trained
 
     from keras_transformer.decoding import compile_translate_ids
-    from keras_transformer.translator import _as_lists
+    from keras_transformer.translators.keras_translator import _as_lists
 
     model, tokenizer, _ = loaded_work_dir(trained(tmp_path_factory))  # read, not written
     rng = np.random.default_rng(0)

@@ -53,7 +53,7 @@ def _start(onnx_dir, port, *args):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     output = tempfile.TemporaryFile(mode="w+")
     process = subprocess.Popen(
-        [sys.executable, "-m", "keras_transformer.serve", onnx_dir, "--port", str(port),
+        [sys.executable, "-m", "keras_transformer.serving", onnx_dir, "--port", str(port),
          "--model-name", NAME, "--max-sentences", "40", "--max-characters", "300", *args],
         stdout=output, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
     )  # fmt: skip
@@ -250,7 +250,7 @@ def test_onnx_int8_with_threads_is_what_the_runtime_reports(export, port):
 
 
 def test_ctranslate2_int8_is_served_as_int8(export, port):
-    from keras_transformer.ctranslate2_translator import CTranslate2Translator
+    from keras_transformer.translators.ctranslate2_translator import CTranslate2Translator
 
     ct2_dir = export[1]["ctranslate2"]
     int8 = CTranslate2Translator(ct2_dir, compute_type="int8").translate(SENTENCES)
@@ -321,7 +321,7 @@ def test_a_person_types_sentences_into_the_page_and_sees_the_translations(
 
 
 def test_the_ctranslate2_engine_gives_the_n_best_with_scores_on_the_page_too(export, browser, port):
-    from keras_transformer.ctranslate2_translator import CTranslate2Translator
+    from keras_transformer.translators.ctranslate2_translator import CTranslate2Translator
 
     ct2_dir = export[1]["ctranslate2"]
     reference = CTranslate2Translator(ct2_dir).translate(SENTENCES[:4], num_hypotheses=3)

@@ -44,7 +44,7 @@ def _start(models, port, *flags):
     """A real server process over `models` (an export or its versions), once AVAILABLE."""
     output = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
     process = subprocess.Popen(
-        [sys.executable, "-m", "keras_transformer.serve", str(models), "--port", str(port),
+        [sys.executable, "-m", "keras_transformer.serving", str(models), "--port", str(port),
          "--model-name", NAME, "--workers", "1", "--max-sentences", "8",
          "--max-characters", "200", "--timeout", "20", "--body-timeout", "5", *flags],
         stdout=output, stderr=subprocess.STDOUT, cwd=ROOT,

@@ -1,6 +1,6 @@
 """Faults, overload and versions in `keras-transformer-serve`: real server processes on
 local ports, spoken to over HTTP, whose workers run a stand-in translator
-(`stand_in`, passed as `serve.main(factory=...)` and loaded by each worker
+(`stand_in`, passed as `cli.main(factory=...)` and loaded by each worker
 process) that fails on demand:
 
     "BOOM"   raises (a Python error in the translator)
@@ -30,14 +30,14 @@ import urllib.request
 import pytest
 from ports import HeldPort
 
-from keras_transformer.serving_engines import LoadedTranslator
+from keras_transformer.serving.engines import LoadedTranslator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.dirname(os.path.abspath(__file__))
 NAME = "faulty"
 SERVE = (
     f"import sys; sys.path.insert(0, {TESTS!r}); import test_server_faults as t; "
-    "from keras_transformer import serve; serve.main(sys.argv[1:], factory=t.stand_in)"
+    "from keras_transformer.serving import cli; cli.main(sys.argv[1:], factory=t.stand_in)"
 )
 
 
@@ -541,7 +541,7 @@ def test_port_0_takes_a_free_port_and_names_it_on_stdout_once_serving(tmp_path):
 
 def _refused(*flags):
     completed = subprocess.run(
-        [sys.executable, "-m", "keras_transformer.serve", TESTS, *flags],
+        [sys.executable, "-m", "keras_transformer.serving", TESTS, *flags],
         capture_output=True, text=True, cwd=ROOT, timeout=120,
     )  # fmt: skip
     assert completed.returncode == 2, completed.stderr[-2000:]

@@ -21,8 +21,8 @@ import time
 import pytest
 from test_server_faults import NAME, Served, _in_background, _running
 
-from keras_transformer import serving_requests
-from keras_transformer.serving_requests import BadRequest, Limits
+from keras_transformer.serving import requests as serving_requests
+from keras_transformer.serving.requests import BadRequest, Limits
 
 PREDICT = f"/v1/models/{NAME}:predict"
 INFO = {
@@ -141,7 +141,8 @@ def test_glossary_matching_runs_off_the_event_loop(monkeypatch):
     """The annotation runs in a thread: here it waits for an event that only another
     coroutine of the same loop sets, so it finishes only if the loop went on meanwhile
     (run inside the loop, it would wait until its deadline and raise TimeoutError)."""
-    from keras_transformer import serve, terminology
+    from keras_transformer import terminology
+    from keras_transformer.serving import app
 
     released = threading.Event()
 
@@ -156,7 +157,7 @@ def test_glossary_matching_runs_off_the_event_loop(monkeypatch):
 
     async def both():
         loop = asyncio.get_running_loop()
-        work = asyncio.create_task(serve.annotated(parsed, loop.time() + 10, Limits()))
+        work = asyncio.create_task(app.annotated(parsed, loop.time() + 10, Limits()))
         await asyncio.sleep(0.05)
         released.set()  # a health check's turn: the loop is free
         return await work
@@ -167,8 +168,8 @@ def test_glossary_matching_runs_off_the_event_loop(monkeypatch):
 def test_the_queues_maps_hold_only_what_is_waiting():
     """Keys carry client-chosen values (alpha, the client's address): once their
     requests leave, the keys go, so no client can grow the server's memory."""
-    from keras_transformer.serving_metrics import Metrics
-    from keras_transformer.serving_queue import RequestQueue
+    from keras_transformer.serving.metrics import Metrics
+    from keras_transformer.serving.queue import RequestQueue
 
     async def run():
         queue = RequestQueue(4, 0, 10_000, Metrics())
@@ -258,11 +259,11 @@ def test_host_and_origin_are_checked_and_clients_without_origin_pass(serve):
 
 
 def test_every_address_needs_the_names_clients_use(tmp_path):
-    from keras_transformer import serve
+    from keras_transformer.serving import cli
 
-    args = serve.parse_args([str(tmp_path), "--host", "0.0.0.0"])
+    args = cli.parse_args([str(tmp_path), "--host", "0.0.0.0"])
     with pytest.raises(ValueError, match="--allowed-hosts"):
-        serve.build_app(args)
+        cli.build_app(args)
 
 
 def test_one_client_cannot_fill_the_queue_for_the_others(serve):

@@ -221,7 +221,7 @@ def test_the_ctranslate2_engine_steers_with_its_own_options(export, port):
     """Prefix and ban: `CTranslate2Translator`'s outputs; a seed (CTranslate2 has no
     per-sentence seeds) is a 400 naming the engine; sampling without one is served."""
     pytest.importorskip("ctranslate2")
-    from keras_transformer.ctranslate2_translator import CTranslate2Translator
+    from keras_transformer.translators.ctranslate2_translator import CTranslate2Translator
 
     ct2_dir = export[1]["ctranslate2"]
     translator = CTranslate2Translator(ct2_dir)
@@ -254,8 +254,8 @@ def test_batches_are_keyed_on_sampling_settings_and_join_the_per_sentence_rows()
     only with the same top-k and temperature. The call's rows: each request's, in order,
     "" and [] where a request has none."""
     pytest.importorskip("prometheus_client")
-    from keras_transformer.serving_metrics import Metrics
-    from keras_transformer.serving_queue import RequestQueue, batch_settings
+    from keras_transformer.serving.metrics import Metrics
+    from keras_transformer.serving.queue import RequestQueue, batch_settings
 
     async def batches():
         queue = RequestQueue(max_batch=64, max_wait_ms=0, max_queue=64, metrics=Metrics())
@@ -302,7 +302,7 @@ def test_batches_are_keyed_on_sampling_settings_and_join_the_per_sentence_rows()
     ],
 )  # fmt: skip
 def test_a_field_the_engine_lacks_is_a_bad_request_naming_it(engine, supported, fields, words):
-    from keras_transformer import serving_requests
+    from keras_transformer.serving import requests as serving_requests
 
     limits = serving_requests.Limits(max_characters=300)
     with pytest.raises(serving_requests.BadRequest, match=words):

@@ -96,7 +96,7 @@ def keras_side(model, tokenizer):
     """`(source ids, {name: (output ids, texts)})`: the Keras `Translator` under each of
     `_searches()`, with fixed shapes (every row stays in the loop to the end)."""
     from keras_transformer import decoding
-    from keras_transformer.translator import Translator
+    from keras_transformer.translators.keras_translator import Translator
 
     outputs = {}
     with pytest.MonkeyPatch.context() as patch:
@@ -264,7 +264,7 @@ def ct2(export):
 def keras_rules(model, tokenizer):
     """`{name: output ids}`: Keras at the loose limit with the settings where
     CTranslate2's rule and ours part (`test_where_ctranslate2_and_ours_differ_and_why`)."""
-    from keras_transformer.translator import Translator
+    from keras_transformer.translators.keras_translator import Translator
 
     loose = shipped_search().replace(max_extra_length=LOOSE)
     searches = {
@@ -385,7 +385,7 @@ def test_each_side_scores_by_its_own_length_penalty(model, tokenizer, ct2, keras
     mass); CTranslate2's is log P / L ** alpha, with EOS barred before the first softmax
     (`min_decoding_length`: log P a few hundredths higher, alike on every hypothesis of
     a sentence). Neither side fits the other's form or the other's first step."""
-    from keras_transformer.translator import Translator
+    from keras_transformer.translators.keras_translator import Translator
 
     config = model.config
     search = shipped_search().replace(max_extra_length=LOOSE)

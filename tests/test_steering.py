@@ -27,8 +27,8 @@ from export_fixtures import (
     trained,
 )
 
-from keras_transformer import frontend, sampling
-from keras_transformer.translator import Translator
+from keras_transformer.serving import frontend, sampling
+from keras_transformer.translators.keras_translator import Translator
 
 
 @pytest.fixture(scope="module")
@@ -258,7 +258,7 @@ def test_ctranslate2_maps_the_steering_onto_its_own_options(export, translators,
     `Translator`'s outputs with a prefix; no output holds a banned word's
     pieces; its sampling draws are its own."""
     pytest.importorskip("ctranslate2")
-    from keras_transformer.ctranslate2_translator import CTranslate2Translator
+    from keras_transformer.translators.ctranslate2_translator import CTranslate2Translator
 
     translator = CTranslate2Translator(export[1]["ctranslate2"], beam_size=1, batch_size=16)
     greedy = translators["greedy"]

@@ -453,7 +453,7 @@ def _said(outputs, fruits):
 
 @pytest.mark.slow
 def test_the_glossary_puts_its_term_in_the_output(run):
-    from keras_transformer.translator import Translator
+    from keras_transformer.translators.keras_translator import Translator
 
     work_dir, corpus, _ = run
     translator = Translator.load(work_dir)  # the run's search: greedy
@@ -485,7 +485,7 @@ def test_the_glossary_puts_its_term_in_the_output(run):
 @pytest.mark.slow
 def test_the_command_line_and_ctranslate2_take_the_glossary(run, tmp_path, capsys):
     from keras_transformer import translate
-    from keras_transformer.translator import Translator
+    from keras_transformer.translators.keras_translator import Translator
 
     work_dir, corpus, _ = run
     sources = [s for s, _ in _ding_sentences(corpus, 60)]
@@ -514,7 +514,7 @@ def test_the_command_line_and_ctranslate2_take_the_glossary(run, tmp_path, capsy
 def test_a_model_trained_without_terminology_refuses_a_glossary(tmp_path):
     from keras_transformer import Transformer, workdir
     from keras_transformer.data.vocabulary import train_vocabulary
-    from keras_transformer.translator import Translator
+    from keras_transformer.translators.keras_translator import Translator
 
     path = str(tmp_path / "vocab.model")
     train_vocabulary(ding_pairs(500, 3), path, 48)
@@ -539,8 +539,8 @@ class _EchoSession:
 
 def test_onnx_translator_annotates_before_the_graph(tmp_path):
     from keras_transformer.data.vocabulary import train_vocabulary
-    from keras_transformer.onnx_translator import OnnxTranslator
     from keras_transformer.search import SearchConfig
+    from keras_transformer.translators.onnx_translator import OnnxTranslator
 
     pairs = ding_pairs(500, 3)
     translator = OnnxTranslator.__new__(OnnxTranslator)  # no export: its graph is the echo
@@ -562,7 +562,7 @@ def test_onnx_translator_annotates_before_the_graph(tmp_path):
 def echo_translator(version_dir, config):
     """The server's workers' translator in `test_the_server_takes_a_glossary_field`: each
     sentence as it reached the worker, with a vocabulary that holds the tags."""
-    from keras_transformer.serving_engines import LoadedTranslator
+    from keras_transformer.serving.engines import LoadedTranslator
 
     def translate(sentences, settings):
         return list(sentences)
@@ -576,10 +576,9 @@ def test_the_server_takes_a_glossary_field(tmp_path, monkeypatch):
     import test_server_faults
     from test_server_faults import NAME, Served
 
-
     monkeypatch.setattr(test_server_faults, "SERVE", (
         f"import sys; sys.path.insert(0, {TESTS!r}); import test_terminology as t; "
-        "from keras_transformer import serve; serve.main(sys.argv[1:], factory=t.echo_translator)"
+        "from keras_transformer.serving import cli; cli.main(sys.argv[1:], factory=t.echo_translator)"
     ))  # fmt: skip
     served = Served(tmp_path, "--workers", "1")
     try:
@@ -618,7 +617,7 @@ def test_the_server_takes_a_glossary_field(tmp_path, monkeypatch):
         assert json.loads(served.get(f"/v1/models/{NAME}/metadata"))["server"]["glossary"] is True
     finally:
         served.stop()
-    from keras_transformer import serving_requests
+    from keras_transformer.serving import requests as serving_requests
 
     with pytest.raises(serving_requests.BadRequest, match="trained without --terminology"):
         serving_requests.parse_glossary({"glossary": {"ding": "pear"}}, has_tags=False)

@@ -12,7 +12,7 @@ import tensorflow as tf
 from keras_transformer import Transformer
 from keras_transformer.decoding import translate_ids
 from keras_transformer.search import PAPER, SearchConfig
-from keras_transformer.translator import Translator
+from keras_transformer.translators.keras_translator import Translator
 
 CORPUS = [
     "the cat sat on the mat",
@@ -86,7 +86,7 @@ def test_bad_input(tokenizer, caplog):
     with pytest.raises(TypeError, match="NoneType"):
         translator([None])
     long_sentence = " ".join(["the cat sat on the mat"] * 5)
-    with caplog.at_level(logging.WARNING, logger="keras_transformer.translator"):
+    with caplog.at_level(logging.WARNING, logger="keras_transformer.translators.keras_translator"):
         source = translator.encode([long_sentence])[0]
         translation = translator(long_sentence)
     assert "max_length=8" in caplog.text

@@ -10,7 +10,7 @@ import tensorflow as tf
 from keras import ops
 
 from keras_transformer import Transformer
-from keras_transformer.translator import Translator
+from keras_transformer.translators.keras_translator import Translator
 from keras_transformer.visualize import (
     cross_attention_weights,
     main,

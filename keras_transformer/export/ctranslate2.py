@@ -25,7 +25,7 @@ import os
 
 import numpy as np
 
-from keras_transformer.ctranslate2_translator import import_ctranslate2
+from keras_transformer.translators.ctranslate2_translator import import_ctranslate2
 
 FORMAT = "ctranslate2"
 

@@ -31,7 +31,7 @@ onnxruntime-extensions; only `onnx` is imported here.
 import numpy as np
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
-from keras_transformer import frontend
+from keras_transformer.serving import frontend
 
 CONTRIB = "ai.onnx.contrib"
 # The SavedModel's pattern, anchored: RE2 is the engine of TensorFlow's regex ops and of this op.

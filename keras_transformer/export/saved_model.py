@@ -31,9 +31,9 @@ import os
 import keras
 import tensorflow as tf
 
-from keras_transformer import frontend
 from keras_transformer.decoding import translate_ids
 from keras_transformer.search import PAPER, SearchConfig
+from keras_transformer.serving import frontend
 
 SIGNATURES = (
     "serving_default", "translate_greedy", "translate_ids", "greedy_ids", "translate_steered"

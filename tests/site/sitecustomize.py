@@ -132,7 +132,7 @@ MUTATIONS = {
         "test_with_ema_the_saved_model_is_the_moving_average_or_the_better_candidate",
     ),
     "server_echoes": (
-        "keras_transformer.serving_engines", _server_echoes,
+        "keras_transformer.serving.engines", _server_echoes,
         "tests/test_start_to_finish.py::test_every_command_of_the_start_to_finish_page_runs",
     ),
 }  # fmt: skip

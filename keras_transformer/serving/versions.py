@@ -1,4 +1,4 @@
-"""`keras-transformer-serve`'s translation workers and the versions they serve.
+"""The versions `keras-transformer-serve` serves: each with its workers and its queue.
 
     server = ModelServer("saved_models/transformer_de_en/onnx", EngineConfig("onnx"),
                          workers=2, queue_factory=lambda: RequestQueue(...),
@@ -9,18 +9,6 @@
     server.status()               # TF Serving's model_version_status
     server.drain()                # SIGTERM: no new workers or versions; batches go on
     await server.stop()
-
-Each worker is a process of its own (`concurrent.futures.ProcessPoolExecutor`
-of one process) holding one translator with its own threads
-(`serving_engines.EngineConfig.threads`): batches run side by side, one per
-worker, and a batch that hangs holds one worker. When a worker's process dies
-(a native crash, the OOM killer, a SIGKILL) the executor reports
-`BrokenProcessPool`: the requests of its batch are answered 503 and a new
-worker replaces it. A batch still running when every one of its requests has
-passed its deadline (all answered 504) is killed the same way, since a native
-call cannot be interrupted otherwise. Workers ignore SIGINT and SIGTERM (sent
-to the whole process group by Ctrl-C and by service managers): the server
-stops them itself once the requests in flight are answered.
 
 Per version served (`ServedVersion`): its workers, its queue (bounded in
 sentences, `--max-queue`), batching (a batch is formed when a worker is free,
@@ -40,24 +28,14 @@ served go on serving, and it is tried again when its folder changes.
 """
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import logging
-import multiprocessing
 import os
-import select
-import signal
-import time
 
-from keras_transformer.serving_engines import worker_load, worker_translate
-from keras_transformer.serving_queue import batch_settings
+from keras_transformer.serving.served import ServedVersion
+from keras_transformer.serving.workers import STOP_SECONDS, wait_or_kill
 
-logger = logging.getLogger("keras_transformer.serve")
-STOP_SECONDS = 5.0  # how long stopping waits for an idle worker to exit before killing it
-
-
-class WorkerLost(RuntimeError):
-    """The worker process translating a request died: answered 503 with Retry-After."""
+logger = logging.getLogger("keras_transformer.serving")
 
 
 class NotAvailable(RuntimeError):
@@ -142,307 +120,16 @@ class VersionPolicy:
         return found
 
 
-class Worker:
-    """One translation process and its translator, serving one version.
-
-    States: "loading", "idle", "busy", "lost" (its process died), "stopped".
-    """
-
-    def __init__(self, index, version, version_dir, config, on_exit):
-        self.index = index
-        self.version = version
-        self.version_dir = version_dir
-        self.config = config
-        self.on_exit = on_exit  # called (in the event loop) when the process ends by itself
-        self.state = "loading"
-        self.pid = None
-        self.info = None
-        self.batches = 0
-        self.hung = False  # killed for running past its batch's deadlines
-        self.replaced = False
-        self._executor = None
-        self._pidfd = None
-
-    async def start(self):
-        """Starts the process and loads the translator there (its errors are raised)."""
-        context = multiprocessing.get_context("spawn")  # no fork of a threaded server
-        self._executor = concurrent.futures.ProcessPoolExecutor(1, mp_context=context)
-        future = self._executor.submit(worker_load, self.version_dir, self.config)
-        self.info = await asyncio.wrap_future(future)
-        self.pid = self.info["pid"]
-        # The process's exit, seen by the event loop even while the worker is idle.
-        self._pidfd = os.pidfd_open(self.pid)
-        asyncio.get_running_loop().add_reader(self._pidfd, self._exited)
-        self.state = "idle"
-
-    async def translate(self, sentences, settings, kill_at):
-        """One batch in the worker; the process is killed at `kill_at` (loop time) if
-        still running. Raises `WorkerLost` if the process dies meanwhile."""
-        loop = asyncio.get_running_loop()
-        try:
-            future = asyncio.wrap_future(
-                self._executor.submit(worker_translate, sentences, settings)
-            )
-            done, _ = await asyncio.wait({future}, timeout=max(0.0, kill_at - loop.time()))
-            if not done:
-                self.hung = True
-                self.kill()
-            return await future
-        except concurrent.futures.process.BrokenProcessPool as error:
-            self.state = "lost"
-            raise WorkerLost(
-                f"The worker process translating this request (pid {self.pid}) "
-                + ("was killed: it ran past the deadline of every request of its batch."
-                   if self.hung else "stopped (a native crash, or it was killed).")
-                + " It is being replaced; retry."
-            ) from error  # fmt: skip
-        finally:
-            self.batches += 1
-
-    def kill(self):
-        if self.pid is not None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def close(self, kill=False):
-        """Stops the process: after its current batch, or at once with `kill`."""
-        if self.state != "lost":
-            self.state = "stopped"
-        self._unwatch()
-        if kill or self.hung:
-            self.kill()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-
-    def _unwatch(self):
-        if self._pidfd is not None:
-            asyncio.get_running_loop().remove_reader(self._pidfd)
-            os.close(self._pidfd)
-            self._pidfd = None
-
-    def _exited(self):
-        self._unwatch()
-        if self.state in ("idle", "busy"):
-            was, self.state = self.state, "lost"
-            self.on_exit(self, was)
-
-    def describe(self):
-        return {"index": self.index, "pid": self.pid, "state": self.state,
-                "version": str(self.version), "batches": self.batches}  # fmt: skip
-
-
-def wait_or_kill(pids, seconds):
-    """Waits up to `seconds` in all for the processes `pids` to exit, then SIGKILLs
-    those still running. Waits on pidfds: nothing is reaped (their executors do that)."""
-    fds = {}
-    for pid in pids:
-        try:
-            fds[pid] = os.pidfd_open(pid)
-        except ProcessLookupError:  # already gone
-            continue
-    deadline = time.monotonic() + seconds
-    try:
-        pending = dict(fds)
-        while pending and (remaining := deadline - time.monotonic()) > 0:
-            exited, _, _ = select.select(list(pending.values()), [], [], remaining)
-            pending = {pid: fd for pid, fd in pending.items() if fd not in exited}
-        for pid in pending:
-            logger.warning("Worker process %d did not exit when stopped: killed.", pid)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-
-
-class ServedVersion:
-    """One version's workers and the queue they take batches from.
-
-    States (TF Serving's): LOADING, AVAILABLE (takes requests), UNLOADING (takes
-    none, finishes those it has), END. `queue` is this version's `RequestQueue`.
-    """
-
-    def __init__(self, version, folder, server):
-        self.version = version
-        self.folder = folder
-        self.server = server  # the ModelServer: config, metrics, draining
-        self.queue = server.queue_factory()
-        self.workers = []
-        self.info = None  # worker_load's answer (beam sizes, glossary, steering)
-        self.state = "LOADING"
-        self._idle = asyncio.Queue()
-        self._dispatcher = None
-
-    async def load(self):
-        """Starts the workers (their translators warmed up by `load_engine`); raises the
-        first error of any, after stopping them all."""
-        config, count = self.server.config, self.server.worker_count
-        self.workers = [
-            Worker(i, self.version, self.folder, config, self._worker_exited) for i in range(count)
-        ]
-        try:
-            results = await asyncio.gather(
-                *(w.start() for w in self.workers), return_exceptions=True
-            )
-        except asyncio.CancelledError:  # the server stops
-            self.close(kill=True)
-            raise
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            self.close(kill=True)
-            raise errors[0]
-        self.info = self.workers[0].info
-        for worker in self.workers:
-            self._idle.put_nowait(worker)
-        self.state = "AVAILABLE"
-        self._dispatcher = self.server.spawn(self._dispatch())
-
-    async def retire(self):
-        """Takes no more requests, answers those queued and running, then stops."""
-        self.state = "UNLOADING"
-        while self.queue.sentences or any(w.state == "busy" for w in self.workers):
-            await asyncio.sleep(0.05)
-        self.close()
-        self.state = "END"
-
-    def close(self, kill=False):
-        if self._dispatcher is not None:
-            self._dispatcher.cancel()
-        for worker in self.workers:
-            if worker.state != "stopped":
-                worker.close(kill=kill or worker.state in ("busy", "loading"))
-
-    def pids(self):
-        return [w.pid for w in self.workers if w.pid is not None]
-
-    # ---------------------------------------------------------------- batches
-
-    async def _dispatch(self):
-        """Forms a batch whenever a worker is free and sends it there."""
-        while True:
-            await self.queue.ready()
-            worker = await self._idle.get()
-            if worker.state != "idle" or worker not in self.workers:
-                continue  # lost while idle (being replaced)
-            batch = self.queue.take()
-            if not batch:  # every waiting request left meanwhile
-                self._idle.put_nowait(worker)
-                continue
-            worker.state = "busy"
-            self.server.count_workers()
-            self.server.spawn(self._run(worker, batch))
-
-    async def _run(self, worker, batch):
-        try:
-            await self._attempt(worker, batch)
-        except WorkerLost as lost:
-            for request in batch:
-                if not request.future.done():
-                    request.future.set_exception(lost)
-            self._replace(worker)
-            return
-        if worker.state == "lost":  # its process ended right after the batch
-            self._replace(worker)
-        elif worker.state == "busy":
-            worker.state = "idle"
-            self._idle.put_nowait(worker)
-        self.server.count_workers()
-
-    async def _attempt(self, worker, batch):
-        """Translates `batch` in one call; if the translator raises, each request
-        alone, so that only a request that fails by itself gets the error."""
-        batch = [r for r in batch if not r.future.done()]  # answered 504 meanwhile
-        if not batch:
-            return
-        metrics = self.server.metrics
-        sentences = [s for request in batch for s in request.sentences]
-        kill_at = max(request.deadline for request in batch)
-        metrics.batch_size.observe(len(sentences))
-        self.server.batches += 1
-        try:
-            translations = await worker.translate(sentences, batch_settings(batch), kill_at)
-        except WorkerLost:
-            metrics.batches.labels("worker_lost").inc()
-            raise
-        except Exception as error:  # noqa: BLE001 - answered to the requests, not raised
-            metrics.batches.labels("error").inc()
-            if len(batch) == 1:
-                if not batch[0].future.done():
-                    batch[0].future.set_exception(error)
-                return
-            for request in batch:
-                await self._attempt(worker, [request])
-            return
-        metrics.batches.labels("ok").inc()
-        metrics.sentences.inc(len(sentences))
-        at = 0
-        for request in batch:
-            if not request.future.done():
-                request.future.set_result(translations[at : at + len(request.sentences)])
-            at += len(request.sentences)
-
-    # ---------------------------------------------------------------- replacement
-
-    def _worker_exited(self, worker, was):
-        """A worker's process ended by itself. An idle one is replaced now; a busy
-        one's batch sees `BrokenProcessPool` and `_run` replaces it."""
-        if was == "idle":
-            self._replace(worker)
-
-    def _replace(self, worker):
-        if worker.replaced:
-            return
-        worker.replaced = True
-        reason = "hung" if worker.hung else "crashed"
-        worker.close()
-        self.server.metrics.worker_restarts.labels(reason).inc()
-        if self.server.draining or self.state not in ("AVAILABLE", "UNLOADING"):
-            self.server.count_workers()
-            return
-        logger.error(
-            "Worker %d (pid %s) of version %d %s; starting a new one", worker.index, worker.pid,
-            self.version, "was killed: its batch hung" if worker.hung else "died",
-        )  # fmt: skip
-        self.server.spawn(self._restart(worker.index))
-
-    async def _restart(self, index, delay=0.5):
-        """A new worker in place of worker `index`, tried again with a backoff (0.5 s,
-        doubling to 30 s) while it does not start."""
-        while not self.server.draining and self.state in ("AVAILABLE", "UNLOADING"):
-            worker = Worker(index, self.version, self.folder, self.server.config,
-                            self._worker_exited)  # fmt: skip
-            self.workers[index] = worker
-            self.server.count_workers()
-            try:
-                await worker.start()
-            except asyncio.CancelledError:
-                worker.close(kill=True)
-                raise
-            except Exception:  # noqa: BLE001 - logged, tried again
-                logger.exception("Worker %d did not restart; trying again in %.1fs", index, delay)
-                worker.close(kill=True)
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, 30.0)
-                continue
-            self._idle.put_nowait(worker)
-            self.server.count_workers()
-            return
-
-
 class ModelServer:
     """The versions served, and every version's state (TF Serving's
     `model_version_status`).
 
     Args:
         export_dir: an export, or a folder of its integer version folders (polled).
-        config: `serving_engines.EngineConfig`, how each worker loads its translator.
+        config: `engines.EngineConfig`, how each worker loads its translator.
         workers: translation processes per version.
         queue_factory: `() -> serving_queue.RequestQueue`, one per version.
-        metrics: `serving_metrics.Metrics`.
+        metrics: `metrics.Metrics`.
         poll_seconds: how often a folder of versions is looked at.
         on_fatal: `(message) -> None`, called when no version loads at start.
         policy: a `VersionPolicy` (default: the latest version).

@@ -24,8 +24,9 @@ import sys
 
 import numpy as np
 
-from keras_transformer import frontend, terminology
+from keras_transformer import terminology
 from keras_transformer.search import SearchConfig
+from keras_transformer.serving import frontend
 
 GRAPH = "translate.onnx"
 PRECISIONS = ("float32", "int8")

@@ -318,7 +318,7 @@ def parse_steering(body, named_prefix, count, supported, engine, limits):
     `banned`, `seed`: requests with different rows share a batch), or None.
 
     `supported`: the fields this engine takes (`LoadedTranslator.steering`)."""
-    from keras_transformer import frontend
+    from keras_transformer.serving import frontend
 
     prefixes = _prefixes(body, named_prefix, count, limits)
     banned = _banned(body, limits)

@@ -7,7 +7,7 @@ threads and device, checked before any process starts.
     loaded.translate(["Das Haus ist klein."], {"beam_size": 4})
     loaded.translate(["Das Haus ist klein."], {"beam_size": 4, "target_prefix": ["The"]})
 
-The server (`serving_workers.Worker`) calls `worker_load` and `worker_translate`
+The server (`workers.Worker`) calls `worker_load` and `worker_translate`
 in a process of its own: each worker holds one translator, with `threads`
 inference threads, and nothing else. Neither TensorFlow nor Keras is imported.
 """
@@ -122,7 +122,7 @@ def check_engine(config):
                 "an NVIDIA GPU, or serve with --device cpu."
             )
     if engine == "ctranslate2":
-        from keras_transformer.ctranslate2_translator import import_ctranslate2
+        from keras_transformer.translators.ctranslate2_translator import import_ctranslate2
 
         ctranslate2 = import_ctranslate2()
 
@@ -142,7 +142,7 @@ def check_engine(config):
 def load_engine(version_dir, config):
     """The `LoadedTranslator` of an export's version folder, as `config` says."""
     if config.engine == "ctranslate2":
-        from keras_transformer.ctranslate2_translator import CTranslate2Translator
+        from keras_transformer.translators.ctranslate2_translator import CTranslate2Translator
 
         translator = CTranslate2Translator(
             version_dir, compute_type=config.precision, intra_threads=config.threads,
@@ -158,7 +158,7 @@ def load_engine(version_dir, config):
         glossary = terminology.tokenizer_has_tags(tags)
         steering = CTRANSLATE2_STEERING
     else:
-        from keras_transformer.onnx_translator import OnnxTranslator
+        from keras_transformer.translators.onnx_translator import OnnxTranslator
 
         providers = ["CPUExecutionProvider"]
         if config.device == "cuda":

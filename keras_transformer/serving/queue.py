@@ -64,7 +64,7 @@ class RequestQueue:
         max_wait_ms: how long the oldest request waits for others to batch with.
         max_queue: sentences waiting at most; `put` raises `QueueFull` beyond.
         max_client_queue: sentences of one client waiting at most (default `max_queue`).
-        metrics: a `serving_metrics.Metrics` (queue depth, dropped and rejected requests).
+        metrics: a `metrics.Metrics` (queue depth, dropped and rejected requests).
     """
 
     def __init__(self, max_batch, max_wait_ms, max_queue, metrics, max_client_queue=None):

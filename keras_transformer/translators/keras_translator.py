@@ -5,11 +5,12 @@ import logging
 import keras
 import numpy as np
 
-from keras_transformer import frontend, terminology
+from keras_transformer import terminology
 from keras_transformer.decoding import compile_translate_ids
-from keras_transformer.frontend import steering_seeds
 from keras_transformer.sampling import sampler
 from keras_transformer.search import PAPER
+from keras_transformer.serving import frontend
+from keras_transformer.serving.frontend import steering_seeds
 
 logger = logging.getLogger(__name__)
 

@@ -40,15 +40,15 @@ seed is drawn as `OnnxTranslator` draws them, or one int per sentence). A
 batch is keyed on the settings its graph takes once (`beam_size`, `alpha`,
 `num_hypotheses`, top-k, temperature) and on whether it is steered:
 requests with different prefixes, bans and seeds share one, each sentence
-with its own (`serving_queue`). The ONNX engine runs them in
+with its own (`queue`). The ONNX engine runs them in
 translate_steered.onnx (an export without it answers 400 naming it);
 CTranslate2 takes all but `"seed"` (400 naming the engine).
 
 Errors come as TF Serving's, `{"error": "..."}`, one line naming the
 problem, for every status the application answers: 400 for a request
 that is malformed, of a wrong type or range, or over a limit (each
-`serving_requests.Limits` field is a flag); 403 for a Host or Origin not
-allowed (`serving_access`); 404 for another model, version or path; 408
+`requests.Limits` field is a flag); 403 for a Host or Origin not
+allowed (`access`); 404 for another model, version or path; 408
 for a body slower than `--body-timeout`; 413 over `--max-body-bytes`
 (checked before the body is read); 503 with `Retry-After` when the queue
 or the client's share of it is full or when the worker translating the
@@ -60,8 +60,8 @@ Once the first version has loaded and the server listens, it prints
 log's JSON lines follow); `--port 0` takes a free port, which that line names.
 
 `--workers` processes translate batches side by side, each with its own
-translator and `--threads` (`serving_workers`); one queue, bounded in
-sentences, feeds them (`serving_queue`); a folder of version folders is
+translator and `--threads` (`workers`, `versions`); one queue, bounded in
+sentences, feeds them (`queue`); a folder of version folders is
 watched and served by `--version-policy` (TF Serving's policies); SIGTERM
 or Ctrl-C drains (every request received is answered) and exits 0. Neither
 TensorFlow nor Keras is imported (the ONNX translator refuses a process
@@ -69,8 +69,6 @@ that has TensorFlow).
 """
 
 import argparse
-import asyncio
-import contextlib
 import dataclasses
 import datetime
 import json
@@ -84,317 +82,11 @@ from keras_transformer.command_line import (
     configure_logging,
     run_main,
 )
-from keras_transformer.serving_engines import DEVICES, ENGINES, PRECISIONS, EngineConfig
-from keras_transformer.serving_requests import (
-    DEFAULT_SIGNATURE,
-    GREEDY_SIGNATURE,
-    BadRequest,
-    Limits,
-    parse_body,
-    parse_request,
-)
+from keras_transformer.serving.app import make_app
+from keras_transformer.serving.engines import DEVICES, ENGINES, PRECISIONS, EngineConfig
+from keras_transformer.serving.requests import Limits
 
-logger = logging.getLogger("keras_transformer.serve")
-
-METRICS_PATH = "/monitoring/prometheus/metrics"  # TF Serving's --rest_api monitoring path
-RETRY_AFTER_SECONDS = 1
-
-
-def error_response(message, status=400, retry=False):
-    """TF Serving's error shape, `{"error": "..."}`, for every status this app answers.
-    408 and 413 close the connection: the rest of that body is never read."""
-    from starlette.responses import JSONResponse
-
-    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if retry else {}
-    if status in (408, 413):
-        headers["Connection"] = "close"
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
-
-
-class Handlers:
-    """The routes of `make_app`, each a small handler over a `ModelServer`."""
-
-    def __init__(self, model_name, server, limits, engine, metrics):
-        self.model_name = model_name
-        self.server = server
-        self.limits = limits
-        self.engine = engine
-        self.metrics = metrics
-
-    def routes(self):
-        from starlette.routing import Route
-
-        return [
-            Route("/", self.page),
-            Route(METRICS_PATH, self.metrics_page),
-            Route("/v1/models/{name}", self.status),
-            Route("/v1/models/{name}/versions/{version}", self.status),
-            Route("/v1/models/{name}/metadata", self.metadata),
-            Route("/v1/models/{name}/versions/{version}/metadata", self.metadata),
-            Route("/v1/models/{name_verb}", self.predict, methods=["POST"]),
-            Route("/v1/models/{name}/versions/{version_verb}", self.predict, methods=["POST"]),
-        ]
-
-    def _version(self, request):
-        """`(version or None, error response or None)` of a request's path: the model's
-        name checked, and `/versions/N` read (404 for another name or a bad N)."""
-        name = request.path_params["name"]
-        if name != self.model_name:
-            return None, error_response(f"Servable not found for request: Latest({name:.80})", 404)
-        text = request.path_params.get("version")
-        if text is None:
-            return None, None
-        if not (text.isascii() and text.isdigit() and len(text) <= 18):
-            return None, error_response(f"Version {text[:40]!r} is not a version number.", 404)
-        return int(text), None
-
-    async def status(self, request):
-        version, refused = self._version(request)
-        if refused:
-            return refused
-        answer = self.server.status(version)
-        if version is not None and not answer["model_version_status"]:
-            return error_response(f"Servable not found for request: Specific({version})", 404)
-        return _json(answer)
-
-    async def metadata(self, request):
-        version, refused = self._version(request)
-        if refused:
-            return refused
-        from keras_transformer.serving_workers import NotAvailable
-
-        try:
-            served = self.server.get(version)
-        except NotAvailable as e:
-            return error_response(str(e), 404 if version is not None else 503, retry=True)
-        strings = {"dtype": "DT_STRING", "tensor_shape": {"dim": [{"size": "-1"}]}}
-        signature = {
-            "inputs": {"sentences": dict(strings, name="sentences:0")},
-            "outputs": {"translations": dict(strings, name="translations:0")},
-            "method_name": "tensorflow/serving/predict",
-        }
-        info, config = served.info, self.server.config
-        return _json({
-            "model_spec": {"name": self.model_name, "signature_name": "",
-                           "version": str(served.version)},
-            "metadata": {"signature_def": {"signature_def": {
-                DEFAULT_SIGNATURE: signature, GREEDY_SIGNATURE: signature,
-            }}},
-            "server": {"engine": self.engine, "precision": config.precision,
-                       "threads": config.threads, "device": config.device,
-                       "runtime": info.get("runtime"), "beam_sizes": info.get("beam_sizes"),
-                       "default_beam_size": info.get("default_beam"),
-                       "limits": dataclasses.asdict(self.limits),
-                       "glossary": info.get("glossary"), "steering": info.get("steering"),
-                       "version_policy": dataclasses.asdict(self.server.policy),
-                       "batches": self.server.batches,
-                       "worker_processes": [w.describe() for w in self.server.workers]},
-        })  # fmt: skip
-
-    async def metrics_page(self, request):
-        from starlette.responses import Response
-
-        body, content_type = self.metrics.exposition()
-        return Response(body, headers={"Content-Type": content_type})
-
-    async def page(self, request):
-        from starlette.responses import HTMLResponse
-
-        shown = "" if self.engine == "ctranslate2" else "display:none"  # n-best: CTranslate2's
-        page = PAGE.replace("MODEL_NAME", self.model_name).replace("NBEST_STYLE", shown)
-        return HTMLResponse(page)
-
-    def _predict_target(self, request):
-        """`(version or None, error response or None)` of a predict path:
-        `/v1/models/NAME:predict` or `/v1/models/NAME/versions/N:predict`."""
-        params = request.path_params
-        if "name_verb" in params:
-            name, _, verb = params["name_verb"].partition(":")
-            request.path_params.update(name=name)
-        else:
-            text, _, verb = params["version_verb"].partition(":")
-            request.path_params.update(version=text)
-        if verb != "predict":
-            return None, error_response(
-                f"Unsupported verb {verb[:40]!r}: this server answers ':predict'.", 404
-            )
-        return self._version(request)
-
-    async def predict(self, request):
-        from keras_transformer.serving_queue import QueueFull
-        from keras_transformer.serving_workers import NotAvailable
-
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.limits.timeout_seconds  # from the first byte on
-        version, refused = self._predict_target(request)
-        if refused:
-            return refused
-        try:
-            raw = await read_body(request, self.limits, deadline)
-            body = parse_body(raw)
-            served = self.server.get(version)
-            parsed = parse_request(body, served.info, self.limits, self.engine)
-            sentences = await annotated(parsed, deadline, self.limits)
-            request.state.log = {"sentences": len(sentences), "version": str(served.version)}
-            client = request.client.host if request.client else None
-            queued = served.queue.put(sentences, parsed.settings, self.limits.timeout_seconds,
-                                      parsed.rows, client=client, deadline=deadline)  # fmt: skip
-        except BadRequest as e:
-            return error_response(str(e), e.status)
-        except NotAvailable as e:
-            return error_response(str(e), 404 if version is not None else 503, retry=True)
-        except QueueFull as e:
-            return error_response(str(e), 503, retry=True)
-        except TimeoutError:
-            return self._timed_out()
-        answer = await _wait(request, queued, served.queue)
-        return self._answer(answer, parsed)
-
-    def _timed_out(self):
-        return error_response(
-            f"The translation took longer than {self.limits.timeout_seconds:g} s (--timeout).",
-            504,
-        )
-
-    def _answer(self, answer, parsed):
-        from keras_transformer.serving_workers import WorkerLost
-
-        if answer == "disconnected":
-            return error_response("The client closed the connection before the answer.", 499)
-        if answer == "expired" or isinstance(answer, TimeoutError):
-            return self._timed_out()
-        if isinstance(answer, WorkerLost):
-            return error_response(str(answer), 503, retry=True)
-        if isinstance(answer, BaseException):  # the server lives on; this request fails
-            logger.error("A request failed: %s: %s", type(answer).__name__, answer)
-            return error_response(f"{type(answer).__name__}: {answer}", 500)
-        if "num_hypotheses" in parsed.settings:
-            answer = [
-                {"translations": [t for t, _ in n_best], "scores": [s for _, s in n_best]}
-                for n_best in answer
-            ]
-        return _json({"outputs" if parsed.columnar else "predictions": answer})
-
-
-def _json(content):
-    from starlette.responses import JSONResponse
-
-    return JSONResponse(content)
-
-
-async def read_body(request, limits, deadline):
-    """The request body, read as it arrives: refused with 413 as soon as it is over
-    `max_body_bytes` (its `Content-Length` checked before a byte is read, a chunked
-    body as it grows), and with 408 when it has not all arrived within
-    `body_seconds` (or the request's deadline, whichever comes first)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.strip().isdigit():
-        if int(declared) > limits.max_body_bytes:
-            raise _too_large(limits, f"Content-Length {declared.strip()[:20]}")
-    loop = asyncio.get_running_loop()
-    seconds = max(0.0, min(limits.body_seconds, deadline - loop.time()))
-    chunks, size = [], 0
-
-    async def receive():
-        nonlocal size
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limits.max_body_bytes:
-                raise _too_large(limits, f"{size} bytes so far")
-            chunks.append(chunk)
-
-    try:
-        await asyncio.wait_for(receive(), seconds)
-    except TimeoutError:
-        raise BadRequest(
-            f"The request body did not arrive within {seconds:g} s (--body-timeout); "
-            f"{size} bytes came.", 408,
-        ) from None  # fmt: skip
-    return b"".join(chunks)
-
-
-def _too_large(limits, what):
-    return BadRequest(
-        f"The request body is too large ({what}); this server takes at most "
-        f"{limits.max_body_bytes} bytes (--max-body-bytes).", 413,
-    )  # fmt: skip
-
-
-async def annotated(parsed, deadline, limits):
-    """The request's sentences with its glossary's terms annotated: in a thread, so
-    that the event loop (health checks, other requests) goes on meanwhile, and within
-    the request's deadline (`TimeoutError` after)."""
-    if parsed.glossary is None:
-        return parsed.sentences
-    from keras_transformer.terminology import annotate_all
-
-    seconds = max(0.0, deadline - asyncio.get_running_loop().time())
-    work = asyncio.to_thread(annotate_all, parsed.sentences, parsed.glossary)
-    return await asyncio.wait_for(work, seconds)
-
-
-def make_app(model_name, server, limits, engine, metrics, access_log=True, access=None):
-    """The Starlette application over a `serving_workers.ModelServer` (`build_app`
-    makes both from the command line's arguments): the routes, TF Serving's JSON
-    error for every status the app answers, and the `Access` checks (Host, Origin)
-    before any route; `limits`: a `serving_requests.Limits`."""
-    from starlette.applications import Starlette
-    from starlette.exceptions import HTTPException
-
-    from keras_transformer.serving_access import Access, AccessCheck
-    from keras_transformer.serving_metrics import AccessLog
-
-    async def http_error(request, exc):
-        return error_response(f"{exc.detail} ({request.method} {request.url.path[:200]})",
-                              exc.status_code)  # fmt: skip
-
-    async def server_error(request, exc):
-        logger.error("Unhandled: %s: %s", type(exc).__name__, exc)
-        return error_response("Internal server error.", 500)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        await server.start()  # the versions load before uvicorn listens
-        yield
-        await server.stop()  # after the requests in flight (uvicorn's graceful shutdown)
-
-    handlers = Handlers(model_name, server, limits, engine, metrics)
-    app = Starlette(
-        routes=handlers.routes(), lifespan=lifespan,
-        exception_handlers={HTTPException: http_error, Exception: server_error},
-    )  # fmt: skip
-    checked = AccessCheck(app, access or Access.local(), error_response)
-    return AccessLog(checked, metrics, enabled=access_log)
-
-
-async def _wait(request, queued, queue):
-    """The translations of a queued request, or its error, or "expired" at its
-    deadline or "disconnected" if the client leaves first (the request then
-    leaves the queue: a batch not yet formed never translates it)."""
-    loop = asyncio.get_running_loop()
-    watcher = asyncio.create_task(_disconnected(request))
-    try:
-        done, _ = await asyncio.wait(
-            {queued.future, watcher}, timeout=max(0.0, queued.deadline - loop.time()),
-            return_when=asyncio.FIRST_COMPLETED,
-        )  # fmt: skip
-    except asyncio.CancelledError:
-        queue.abandon(queued, "disconnected")
-        raise
-    finally:
-        watcher.cancel()
-    if not queued.future.done():
-        reason = "disconnected" if watcher in done else "expired"
-        queue.abandon(queued, reason)
-        return reason
-    return queued.future.exception() or queued.future.result()
-
-
-async def _disconnected(request):
-    """Returns when the client closes the connection (ASGI's `http.disconnect`, which
-    the server sends once the body has been read and the client goes)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+logger = logging.getLogger("keras_transformer.serving")
 
 
 def parse_args(argv=None):
@@ -474,7 +166,7 @@ def _network_flags(parser):
 
 
 def _limit_flags(parser):
-    """One flag per field of `serving_requests.Limits`, its default and help from there."""
+    """One flag per field of `requests.Limits`, its default and help from there."""
     helps = {
         "max_body_bytes": "the request body (413 beyond, checked before it is read)",
         "max_sentences": "sentences per request",
@@ -521,7 +213,7 @@ def _version_flags(parser):
 def _model_name(export_dir):
     """NAME of `saved_models/NAME/onnx/1` (the SavedModel's name in TF Serving's
     models.config), else "transformer"."""
-    from keras_transformer.frontend import newest_version
+    from keras_transformer.serving.frontend import newest_version
 
     parts = os.path.abspath(newest_version(export_dir)).split(os.sep)
     if len(parts) >= 3 and parts[-2] in ("onnx", "ctranslate2"):
@@ -537,12 +229,12 @@ def build_app(args, factory=None, on_fatal=None):
     """`(application, model name, ModelServer)` of the command line's arguments; raises
     `ValueError` for a flag the engine cannot honour (nothing is loaded yet).
 
-    `factory`: `serving_engines.EngineConfig.factory` (a stand-in translator)."""
-    from keras_transformer.serving_access import Access
-    from keras_transformer.serving_engines import check_engine
-    from keras_transformer.serving_metrics import Metrics
-    from keras_transformer.serving_queue import RequestQueue
-    from keras_transformer.serving_workers import ModelServer, VersionPolicy, version_folders
+    `factory`: `engines.EngineConfig.factory` (a stand-in translator)."""
+    from keras_transformer.serving.access import Access
+    from keras_transformer.serving.engines import check_engine
+    from keras_transformer.serving.metrics import Metrics
+    from keras_transformer.serving.queue import RequestQueue
+    from keras_transformer.serving.versions import ModelServer, VersionPolicy, version_folders
 
     config = EngineConfig(args.engine, args.precision, args.threads, args.device, factory)
     check_engine(config)
@@ -599,7 +291,7 @@ class _JsonLines(logging.Formatter):
 
 
 def _configure_logging(verbose):
-    from keras_transformer.serving_metrics import ACCESS_LOGGER
+    from keras_transformer.serving.metrics import ACCESS_LOGGER
 
     configure_logging(verbose, "%(asctime)s %(levelname)s %(message)s")
     access = logging.getLogger(ACCESS_LOGGER)
@@ -682,49 +374,6 @@ def main(argv=None, factory=None):
     held["server"].run()
     if fatal:
         raise SystemExit(f"keras-transformer-serve: error: {fatal[0]}")
-
-
-PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>keras_transformer: MODEL_NAME</title>
-<style>
-body { font-family: sans-serif; max-width: 46rem; margin: 2rem auto; padding: 0 1rem; }
-textarea { width: 100%; height: 6rem; font-size: 1rem; }
-#out { white-space: pre-wrap; border: 1px solid #ccc; min-height: 3rem; padding: .5rem; }
-.error { color: #a00; }
-</style></head>
-<body>
-<h1>MODEL_NAME</h1>
-<p>One sentence per line. Served by keras-transformer-serve (TF Serving's REST API).</p>
-<textarea id="src" aria-label="sentences to translate"></textarea>
-<p><label>Search <select id="signature">
-<option value="serving_default">beam search</option>
-<option value="translate_greedy">greedy</option></select></label>
-<label style="NBEST_STYLE">N-best <select id="nbest"><option value="">off</option>
-<option>2</option><option>4</option></select></label>
-<button id="go">Translate</button></p>
-<div id="out" aria-live="polite"></div>
-<p><small>This export carries no attention weights: no heat map is shown
-(keras_transformer.visualize draws them from a trained work directory).</small></p>
-<script>
-document.getElementById("go").addEventListener("click", async () => {
-  const out = document.getElementById("out");
-  const lines = document.getElementById("src").value.split("\\n").filter(s => s.trim());
-  if (!lines.length) { out.textContent = ""; return; }
-  out.className = ""; out.textContent = "...";
-  const body = {signature_name: document.getElementById("signature").value, instances: lines};
-  const n = document.getElementById("nbest").value;
-  if (n && body.signature_name !== "translate_greedy") body.num_hypotheses = Number(n);
-  const response = await fetch("/v1/models/MODEL_NAME:predict",
-    {method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body)});
-  const payload = await response.json();
-  if (payload.error) { out.className = "error"; out.textContent = payload.error; return; }
-  out.textContent = payload.predictions.map(p => typeof p === "string" ? p :
-    p.translations.map((t, i) => (i + 1) + ". " + t + "  (" + p.scores[i].toFixed(3) + ")")
-      .join("\\n")).join(body.num_hypotheses ? "\\n\\n" : "\\n");
-});
-</script>
-</body></html>
-"""
 
 
 if __name__ == "__main__":

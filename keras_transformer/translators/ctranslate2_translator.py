@@ -7,7 +7,7 @@ numpy are all it needs, as `OnnxTranslator` needs onnxruntime.
     translator("Guten Morgen.")
     translator(["Guten Morgen.", "Danke!"], beam_size=1)
 
-The front end is `keras_transformer.frontend`'s, the one `Translator` and
+The front end is `keras_transformer.serving.frontend`'s, the one `Translator` and
 `OnnxTranslator` follow: blank sentences give "" without a batch slot, a
 sentence is cut to `max_length - 1` pieces plus EOS, a non-string is a
 `TypeError` naming its index, invalid UTF-8 bytes are decoded with U+FFFD.
@@ -30,8 +30,9 @@ import os
 import platform
 import sys
 
-from keras_transformer import frontend, terminology
+from keras_transformer import terminology
 from keras_transformer.search import SearchConfig, output_limit
+from keras_transformer.serving import frontend
 
 logger = logging.getLogger(__name__)
 
