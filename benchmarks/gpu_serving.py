@@ -97,6 +97,49 @@ def time_point(translate, sentences, batch_size, rounds):
             "outputs": outputs}  # fmt: skip
 
 
+def _keras_engine(args):
+    """`(beam_size, batch_size) -> translate`: `Translator` over the work directory."""
+    from keras_transformer import Translator
+
+    def keras_engine(beam_size, batch_size):
+        translator = Translator.load(args.work_dir, beam_size=beam_size, batch_size=batch_size)
+        return translator.translate
+
+    return keras_engine
+
+
+def _ct2_unavailable(args, probe):
+    """Why CTranslate2 cannot run here (None: it can)."""
+    if not isinstance(probe.get("ctranslate2_cuda_devices"), int):
+        return f"ctranslate2: {probe.get('ctranslate2')}"
+    if args.ct2_device == "cuda" and probe["ctranslate2_cuda_devices"] < 1:
+        return "ctranslate2 sees no CUDA device"
+    if args.ct2_device == "cuda" and "does not" in probe["libcublas.so.12"]:
+        return "CTranslate2 4.8's CUDA build loads libcublas.so.12; not on this machine"
+    return None
+
+
+def _ct2_engine(args):
+    """`(beam_size, batch_size) -> translate`: CTranslate2 over the work directory's
+    export (written once to /tmp/ct2_export)."""
+    from keras_transformer import CTranslate2Translator, workdir
+    from keras_transformer.export.ctranslate2 import export
+
+    ct2_dir = os.path.join("/tmp", "ct2_export")
+    if not os.path.isdir(ct2_dir):
+        export(workdir.load_model(args.work_dir),
+               os.path.join(args.work_dir, "vocab.model"), ct2_dir,
+               search=workdir.read_search(args.work_dir).to_dict())  # fmt: skip
+
+    def ct2_engine(beam_size, batch_size):
+        translator = CTranslate2Translator(
+            ct2_dir, beam_size=beam_size, batch_size=batch_size, device=args.ct2_device
+        )
+        return translator.translate
+
+    return ct2_engine
+
+
 def main(argv=None):
     args = parse_args(argv)
     deadline = time.monotonic() + args.max_seconds
@@ -113,40 +156,13 @@ def main(argv=None):
     sentences = ding_sentences(args.corpus, args.sentences, seed=0)
     engines = {}
     if "keras" in args.engines.split(","):
-        from keras_transformer import Translator
-
-        def keras_engine(beam_size, batch_size):
-            translator = Translator.load(args.work_dir, beam_size=beam_size, batch_size=batch_size)
-            return translator.translate
-
-        engines["keras"] = keras_engine
+        engines["keras"] = _keras_engine(args)
     if "ct2" in args.engines.split(","):
-        reason = None
-        if not isinstance(result["probe"].get("ctranslate2_cuda_devices"), int):
-            reason = f"ctranslate2: {result['probe'].get('ctranslate2')}"
-        elif args.ct2_device == "cuda" and result["probe"]["ctranslate2_cuda_devices"] < 1:
-            reason = "ctranslate2 sees no CUDA device"
-        elif args.ct2_device == "cuda" and "does not" in result["probe"]["libcublas.so.12"]:
-            reason = "CTranslate2 4.8's CUDA build loads libcublas.so.12; not on this machine"
+        reason = _ct2_unavailable(args, result["probe"])
         if reason:
             result["skipped"].append({"engine": "ct2", "why": reason})
         else:
-            from keras_transformer import CTranslate2Translator, workdir
-            from keras_transformer.export.ctranslate2 import export
-
-            ct2_dir = os.path.join("/tmp", "ct2_export")
-            if not os.path.isdir(ct2_dir):
-                export(workdir.load_model(args.work_dir),
-                       os.path.join(args.work_dir, "vocab.model"), ct2_dir,
-                       search=workdir.read_search(args.work_dir).to_dict())  # fmt: skip
-
-            def ct2_engine(beam_size, batch_size):
-                translator = CTranslate2Translator(
-                    ct2_dir, beam_size=beam_size, batch_size=batch_size, device=args.ct2_device
-                )
-                return translator.translate
-
-            engines["ct2"] = ct2_engine
+            engines["ct2"] = _ct2_engine(args)
     save()
     reference = {}
     for beam_size in [int(b) for b in args.beam_sizes.split(",")]:

@@ -344,6 +344,59 @@ def train(args, config, model, train_pairs, val_batches):
 # --------------------------------------------------------------------------- decoding
 
 
+def _embed(model, config, ids, start_index=0):
+    """The scaled token embedding plus the sine positions from `start_index`: (B, T, D)."""
+    x = model.embedding(ids) * math.sqrt(config.d_model)  # (B, T, D)
+    return x + model.positions(x, start_index=start_index)
+
+
+def _decode_with_cache(
+    model, config, ids, memory, source_mask, self_cache, self_index, cross_cache, cross_index
+):
+    """Decoder on `ids` (B, t) at position `self_index`; caches (B, N_layers, 2, L, H, hd)."""
+    from keras import ops
+
+    y = _embed(model, config, ids, start_index=self_index)
+    self_caches, cross_caches = [], []
+    for i, layer in enumerate(model.decoder_layers):
+        y, layer_self, layer_cross = layer(
+            y,
+            memory,
+            encoder_padding_mask=source_mask,
+            self_attention_cache=self_cache[:, i],
+            self_attention_cache_update_index=self_index,
+            cross_attention_cache=cross_cache[:, i],
+            cross_attention_cache_update_index=cross_index,
+        )
+        self_caches.append(layer_self)
+        cross_caches.append(layer_cross)
+    logits = ops.cast(model.embedding(y, reverse=True), "float32")  # (B, t, V)
+    return logits, ops.stack(self_caches, axis=1), ops.stack(cross_caches, axis=1)
+
+
+def _encode_and_seed(model, config, source_ids, prompt):
+    """`(self_cache, memory, source_mask, cross_cache)`: the encoder's output and the
+    decoder caches after one step on BOS (which computes the cross-attention cache once)."""
+    from keras import ops
+
+    num_layers, num_heads = config.num_layers, config.num_heads
+    head_dim = config.d_model // num_heads
+    batch, length = ops.shape(prompt)[0], ops.shape(prompt)[1]
+    source_mask = ops.not_equal(source_ids, config.pad_id)  # (B, S) True = real token
+    memory = _embed(model, config, source_ids)
+    for layer in model.encoder_layers:
+        memory = layer(memory, padding_mask=source_mask)  # (B, S, D)
+    shape = (batch, num_layers, 2, length, num_heads, head_dim)
+    self_cache = ops.zeros(shape, memory.dtype)
+    cross_shape = (batch, num_layers, 2, ops.shape(source_ids)[1], num_heads, head_dim)
+    cross_cache = ops.zeros(cross_shape, memory.dtype)
+    # Seeds the cross-attention cache (computed once) with one step on BOS.
+    _, self_cache, cross_cache = _decode_with_cache(
+        model, config, prompt[:, :1], memory, source_mask, self_cache, 0, cross_cache, 0
+    )
+    return self_cache, memory, source_mask, cross_cache
+
+
 def make_generate(model, config, beam_size):
     """`generate(source_ids (B, S), prompt (B, L)) -> (beams (B, K, L), log_probs (B, K))`.
 
@@ -353,35 +406,7 @@ def make_generate(model, config, beam_size):
     import tensorflow as tf
     from keras import ops
 
-    num_layers, num_heads = config.num_layers, config.num_heads
-    head_dim = config.d_model // num_heads
     sampler = keras_hub.samplers.BeamSampler(num_beams=beam_size, return_all_beams=True)
-
-    def embed(ids, start_index=0):
-        x = model.embedding(ids) * math.sqrt(config.d_model)  # (B, T, D)
-        return x + model.positions(x, start_index=start_index)
-
-    def decode_with_cache(
-        ids, memory, source_mask, self_cache, self_index, cross_cache, cross_index
-    ):
-        """Decoder on `ids` (B, t) at position `self_index`; caches (B, N_layers, 2, L, H, hd)."""
-        y = embed(ids, start_index=self_index)
-        self_caches, cross_caches = [], []
-        for i, layer in enumerate(model.decoder_layers):
-            y, layer_self, layer_cross = layer(
-                y,
-                memory,
-                encoder_padding_mask=source_mask,
-                self_attention_cache=self_cache[:, i],
-                self_attention_cache_update_index=self_index,
-                cross_attention_cache=cross_cache[:, i],
-                cross_attention_cache_update_index=cross_index,
-            )
-            self_caches.append(layer_self)
-            cross_caches.append(layer_cross)
-        logits = ops.cast(model.embedding(y, reverse=True), "float32")  # (B, t, V)
-        return logits, ops.stack(self_caches, axis=1), ops.stack(cross_caches, axis=1)
-
     vocab = ops.arange(config.vocab_size)
     # Live beams never emit padding or BOS; finished beams emit padding at log-probability 0.
     banned = ops.logical_or(ops.equal(vocab, config.pad_id), ops.equal(vocab, config.bos_id))
@@ -392,27 +417,16 @@ def make_generate(model, config, beam_size):
     # ("enters the loop with shape (64, None), but has shape (None, None)").
     @tf.function
     def generate(source_ids, prompt):
-        batch, length = ops.shape(prompt)[0], ops.shape(prompt)[1]
-        source_mask = ops.not_equal(source_ids, config.pad_id)  # (B, S) True = real token
-        memory = embed(source_ids)
-        for layer in model.encoder_layers:
-            memory = layer(memory, padding_mask=source_mask)  # (B, S, D)
-        shape = (batch, num_layers, 2, length, num_heads, head_dim)
-        self_cache = ops.zeros(shape, memory.dtype)
-        cross_shape = (batch, num_layers, 2, ops.shape(source_ids)[1], num_heads, head_dim)
-        cross_cache = ops.zeros(cross_shape, memory.dtype)
-        # Seeds the cross-attention cache (computed once) with one step on BOS.
-        _, self_cache, cross_cache = decode_with_cache(
-            prompt[:, :1], memory, source_mask, self_cache, 0, cross_cache, 0
-        )
+        cache = _encode_and_seed(model, config, source_ids, prompt)
 
         def next(prompt, cache, index):
             self_cache, memory, source_mask, cross_cache = cache
             cache_index = index - 1  # the position of the previous token
             previous = ops.slice(prompt, [0, cache_index], [ops.shape(prompt)[0], 1])  # (b, 1)
-            logits, self_cache, _ = decode_with_cache(
-                previous, memory, source_mask, self_cache, cache_index, cross_cache, None
-            )
+            logits, self_cache, _ = _decode_with_cache(
+                model, config, previous, memory, source_mask, self_cache, cache_index,
+                cross_cache, None,
+            )  # fmt: skip
             logits = ops.where(banned[None, :], -1e9, logits[:, 0, :])  # (b, V)
             finished = ops.logical_or(
                 ops.equal(previous, config.eos_id), ops.equal(previous, config.pad_id)
@@ -423,7 +437,7 @@ def make_generate(model, config, beam_size):
         return sampler(
             next=next,
             prompt=prompt,
-            cache=(self_cache, memory, source_mask, cross_cache),
+            cache=cache,
             index=1,
             mask=ops.not_equal(prompt, config.pad_id),  # (B, L) True = given (the BOS)
             stop_token_ids=[config.eos_id],
@@ -468,26 +482,24 @@ def translate(sentences, processor, model, config, beam_size, alpha, batch_size,
 # --------------------------------------------------------------------------- the worker
 
 
-def run(args):
-    """Loads, tokenizes, trains, evaluates, decodes; returns the result dict."""
-    wall_start = time.time()
-    from keras_transformer.hardware import configure_threads
-
-    threads = configure_threads()  # before TensorFlow runs its first op, as train.py does
+def load_config(args):
+    """Seeds Keras, sets the dtype policy; the preset's config with the flags' overrides."""
     import keras
-    import numpy as np
-    import sentencepiece
 
-    from benchmarks import _common
     from keras_transformer.config import get_preset
-    from keras_transformer.data import load_translation_data
 
     keras.utils.set_random_seed(args.seed)
     keras.config.set_dtype_policy(args.dtype_policy)
     overrides = {"vocab_size": args.vocab_size} if args.vocab_size else {}
     if args.dropout is not None:
         overrides["dropout"] = args.dropout
-    config = get_preset(args.preset, **overrides)
+    return get_preset(args.preset, **overrides)
+
+
+def load_processor(args, config):
+    """`W/vocab.model`'s sentencepiece processor, checked against the config's ids and size."""
+    import sentencepiece
+
     vocab_path = os.path.join(args.work_dir, "vocab.model")
     processor = sentencepiece.SentencePieceProcessor(model_file=vocab_path)
     if processor.vocab_size() != config.vocab_size:
@@ -498,6 +510,26 @@ def run(args):
     special = (processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id())
     if special != (config.pad_id, 1, config.bos_id, config.eos_id):
         raise ValueError(f"{vocab_path}: pad/unk/bos/eos ids are {special}, expected (0, 1, 2, 3)")
+    return processor
+
+
+@dataclasses.dataclass
+class Corpus:
+    """The tokenized corpus: train pairs and their batches of the first epoch's order (for
+    the padding share), validation pairs and their padded batches."""
+
+    train_pairs: Pairs
+    batches: list
+    val_pairs: Pairs
+    val_batches: list
+    tokenize_seconds: float
+
+
+def load_corpus(args, config, processor):
+    """Loads and tokenizes the corpus, cuts the batches; prints their counts."""
+    import numpy as np
+
+    from keras_transformer.data import load_translation_data
 
     data = load_translation_data(
         args.dataset,
@@ -524,6 +556,14 @@ def run(args):
         file=sys.stderr,
         flush=True,
     )
+    return Corpus(train_pairs, batches, val_pairs, val_batches, tokenize_seconds)
+
+
+def build_model(args, config):
+    """`_common._keras_hub_model`, built, with the attention dropout set before any trace."""
+    import numpy as np
+
+    from benchmarks import _common
 
     model = _common._keras_hub_model(config)
     ids = np.array([[5, 6, config.eos_id]], dtype="int32")
@@ -532,45 +572,71 @@ def run(args):
     if args.attention_dropout is not None:
         attention_dropout = args.attention_dropout
     _common.set_attention_dropout(model, attention_dropout)  # before the step is traced
-    startup_seconds = time.time() - wall_start
-    result = train(args, config, model, train_pairs, val_batches)
+    return model
 
-    hypotheses, decode_seconds = None, None
-    if args.decode_file:
-        with open(args.decode_file, encoding="utf-8") as f:
-            sources = json.load(f)["sources"]
-        decode = (sources, processor, model, config, args.beam_size, args.alpha, args.decode_batch)
-        generate = make_generate(model, config, args.beam_size)
-        translate(*decode, generate=generate)  # untimed: traces every shape, as quality.py's
-        start = time.time()  # first pass of train.py's model does
-        hypotheses = translate(*decode, generate=generate)
-        decode_seconds = time.time() - start
+
+def decode_heldout(args, processor, model, config):
+    """`(hypotheses, seconds)` of `--decode-file`'s sources, the second of two passes
+    timed; `(None, None)` without the flag."""
+    if not args.decode_file:
+        return None, None
+    with open(args.decode_file, encoding="utf-8") as f:
+        sources = json.load(f)["sources"]
+    decode = (sources, processor, model, config, args.beam_size, args.alpha, args.decode_batch)
+    generate = make_generate(model, config, args.beam_size)
+    translate(*decode, generate=generate)  # untimed: traces every shape, as quality.py's
+    start = time.time()  # first pass of train.py's model does
+    hypotheses = translate(*decode, generate=generate)
+    return hypotheses, time.time() - start
+
+
+def settings(args, threads):
+    """The run's settings, as the result records them."""
+    return {
+        "preset": args.preset,
+        "dtype_policy": args.dtype_policy,
+        "batch_tokens": args.batch_tokens,
+        "warmup_steps": args.warmup_steps,
+        "learning_rate_scale": args.lr_scale,
+        "label_smoothing": args.label_smoothing,
+        "minutes": args.minutes,
+        "seed": args.seed,
+        "beam_size": args.beam_size,
+        "alpha": args.alpha,
+        "threads": threads,
+    }
+
+
+def run(args):
+    """Loads, tokenizes, trains, evaluates, decodes; returns the result dict."""
+    wall_start = time.time()
+    from keras_transformer.hardware import configure_threads
+
+    threads = configure_threads()  # before TensorFlow runs its first op, as train.py does
+    from benchmarks import _common
+
+    config = load_config(args)
+    processor = load_processor(args, config)
+    corpus = load_corpus(args, config, processor)
+    train_pairs, batches = corpus.train_pairs, corpus.batches
+    model = build_model(args, config)
+    startup_seconds = time.time() - wall_start
+    result = train(args, config, model, train_pairs, corpus.val_batches)
+    hypotheses, decode_seconds = decode_heldout(args, processor, model, config)
     return {
         "build": "keras_hub",
         "config": dataclasses.asdict(config),
-        "settings": {
-            "preset": args.preset,
-            "dtype_policy": args.dtype_policy,
-            "batch_tokens": args.batch_tokens,
-            "warmup_steps": args.warmup_steps,
-            "learning_rate_scale": args.lr_scale,
-            "label_smoothing": args.label_smoothing,
-            "minutes": args.minutes,
-            "seed": args.seed,
-            "beam_size": args.beam_size,
-            "alpha": args.alpha,
-            "threads": threads,
-        },
+        "settings": settings(args, threads),
         "params": _common.count_params(model),
         "train_pairs": len(train_pairs.lengths),
         "dropped_pairs": train_pairs.dropped,
-        "validation_pairs": len(val_pairs.lengths),
+        "validation_pairs": len(corpus.val_pairs.lengths),
         "batches_per_epoch": len(batches),
         "mean_batch_size": len(train_pairs.lengths) / max(len(batches), 1),
         "padding_share": padding_share(train_pairs, batches),
         **result,
         "startup_seconds": startup_seconds,
-        "tokenize_seconds": tokenize_seconds,
+        "tokenize_seconds": corpus.tokenize_seconds,
         "decode_seconds": decode_seconds,
         "wall_seconds": time.time() - wall_start,
         "hypotheses": hypotheses,

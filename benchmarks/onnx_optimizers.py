@@ -64,20 +64,14 @@ def cpu_seconds(path, feeds):
     return best, output
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work-dir", required=True, help="a finished training run")
-    args = parser.parse_args(argv)
-    import numpy as np
+def export_graphs(model, root):
+    """`{"package passes", "raw"}` paths: the search graph with the package's passes, and
+    tf2onnx's output as it is."""
     import onnx
-    import onnxruntime as ort
 
-    from keras_transformer import workdir
     from keras_transformer.export import onnx_graphs
 
-    model = workdir.load_model(args.work_dir)
     search = onnx_graphs.search_function(model, (1, 4))
-    root = tempfile.mkdtemp(prefix="onnx_optimizers-")
     paths = {
         "package passes": os.path.join(root, "ours.onnx"),
         "raw": os.path.join(root, "raw.onnx"),
@@ -89,6 +83,15 @@ def main(argv=None):
         onnx.save(onnx_graphs._convert(search, onnx_graphs.TRANSLATE_OPSET), paths["raw"])
     finally:
         onnx_graphs.simplify = simplify
+    return paths
+
+
+def optimize_graphs(paths, root):
+    """Adds to `paths` the raw graph through onnxoptimizer and onnxsim (where installed)
+    and through ONNX Runtime's offline optimizer."""
+    import onnx
+    import onnxruntime as ort
+
     raw = onnx.load(paths["raw"])
     try:
         import onnxoptimizer
@@ -110,8 +113,12 @@ def main(argv=None):
     options.log_severity_level = 3
     ort.InferenceSession(paths["raw"], options, ["CPUExecutionProvider"])
 
+
+def make_points(config):
+    """`{"batch B, beam K": feeds}`: random source ids at batch 1 and 16, greedy and beam 4."""
+    import numpy as np
+
     rng = np.random.default_rng(0)
-    config = model.config
     points = {}
     for batch in (1, 16):
         ids = rng.integers(4, config.vocab_size, (batch, 12)).astype(np.int32)
@@ -121,6 +128,15 @@ def main(argv=None):
                 "source_ids": ids, "beam_size": np.array(beam, np.int32),
                 "alpha": np.array(1.0, np.float32), "max_extra_length": np.array(50, np.int32),
             }  # fmt: skip
+    return points
+
+
+def measure(paths, points):
+    """`{graph: row}`: each graph's loop stats and, per point, CPU seconds and whether its
+    output ids equal the first graph's (the raw one); prints each row as it comes."""
+    import numpy as np
+    import onnx
+
     results, reference = {}, {}
     for name in ("raw", "onnxoptimizer", "onnxsim", "onnxruntime offline", "package passes"):
         if name not in paths:
@@ -135,6 +151,11 @@ def main(argv=None):
             }
         results[name] = row
         print(name, json.dumps(row), flush=True)
+    return results
+
+
+def print_table(results, points):
+    """The Markdown table of `results`."""
     print("\n| graph | greedy body nodes / state / Shape / Reshape | beam body | "
           + " | ".join(f"{p} CPU s" for p in points) + " |")  # fmt: skip
     print("|---|---|---|" + "---:|" * len(points))
@@ -147,6 +168,27 @@ def main(argv=None):
             f"{row[p]['cpu_s']:.3f}" + ("" if row[p]["same"] else " (differs)") for p in points
         ]
         print("| " + " | ".join(cells) + " |")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work-dir", required=True, help="a finished training run")
+    args = parser.parse_args(argv)
+    # Imported before the model loads, as they always were: a missing one fails at once.
+    import numpy  # noqa: F401
+    import onnx  # noqa: F401
+    import onnxruntime  # noqa: F401
+
+    from keras_transformer import workdir
+    from keras_transformer.export import onnx_graphs  # noqa: F401
+
+    model = workdir.load_model(args.work_dir)
+    root = tempfile.mkdtemp(prefix="onnx_optimizers-")
+    paths = export_graphs(model, root)
+    optimize_graphs(paths, root)
+    points = make_points(model.config)
+    results = measure(paths, points)
+    print_table(results, points)
     return results
 
 

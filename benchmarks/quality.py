@@ -408,65 +408,72 @@ def _ratio(ours, hub):
     return f"{ours / hub:.2f}x" if ours and hub else "n/a"
 
 
-def tables(report):
-    """The Markdown tables of `quality.json`'s report."""
-    ours, hub = (report["builds"][name] for name in BUILDS)
-    minutes = report["minutes"]
+# (label, key, format spec, with the ours / keras-hub ratio) of the training table's rows.
+TRAINING_ROWS = (
+    ("steps", "steps", ",.0f", True),
+    ("training seconds", "train_seconds", ",.1f", False),
+    (
+        "real target tokens per second of the budget (end to end)",
+        "budget_target_tokens_per_second",
+        ",.0f",
+        True,
+    ),
+    (
+        "real target tokens per second of training steps",
+        "target_tokens_per_second",
+        ",.0f",
+        True,
+    ),
+    (
+        "real source+target tokens per second of training steps",
+        "tokens_per_second",
+        ",.0f",
+        True,
+    ),
+    ("sentences/s", "sentences_per_second", ",.1f", True),
+    (
+        "final validation loss per real token (one definition for both)",
+        "token_val_loss",
+        ".3f",
+        False,
+    ),
+    ("final validation loss as logged (see below)", "final_val_loss", ".3f", False),
+    ("validation loss after checkpoint averaging", "averaged_val_loss", ".3f", False),
+    ("checkpoints averaged", "averaged_checkpoints", ",.0f", False),
+    ("passes over the training data", "passes_over_data", ".2f", False),
+    ("padding share", "padding_share", ".1%", False),
+    ("parameters", "params", ",.0f", False),
+    ("learning-rate scale", "learning_rate_scale", "g", False),
+    ("warm-up steps", "warmup_steps", ",.0f", False),
+    ("batch tokens", "batch_tokens", ",.0f", False),
+)
+
+
+def _training_table(report, ours, hub):
+    """The header lines and the table of throughput, losses and settings, side by side."""
     lines = [
         f"CPU: {report['cpu']}",
         f"Command: `{report['command']}`",
         "",
-        f"Training, {minutes:g} minutes each ({report['corpus']}); the keras-hub loop's "
-        f"process environment: {report.get('reference_env', 'train')} (`--reference-env`):",
+        f"Training, {report['minutes']:g} minutes each ({report['corpus']}); the keras-hub "
+        f"loop's process environment: {report.get('reference_env', 'train')} "
+        "(`--reference-env`):",
         "",
         "| | keras_transformer (train.py) | keras-hub loop | ours / keras-hub |",
         "|---|---:|---:|---:|",
     ]
-    rows = [
-        ("steps", "steps", ",.0f", True),
-        ("training seconds", "train_seconds", ",.1f", False),
-        (
-            "real target tokens per second of the budget (end to end)",
-            "budget_target_tokens_per_second",
-            ",.0f",
-            True,
-        ),
-        (
-            "real target tokens per second of training steps",
-            "target_tokens_per_second",
-            ",.0f",
-            True,
-        ),
-        (
-            "real source+target tokens per second of training steps",
-            "tokens_per_second",
-            ",.0f",
-            True,
-        ),
-        ("sentences/s", "sentences_per_second", ",.1f", True),
-        (
-            "final validation loss per real token (one definition for both)",
-            "token_val_loss",
-            ".3f",
-            False,
-        ),
-        ("final validation loss as logged (see below)", "final_val_loss", ".3f", False),
-        ("validation loss after checkpoint averaging", "averaged_val_loss", ".3f", False),
-        ("checkpoints averaged", "averaged_checkpoints", ",.0f", False),
-        ("passes over the training data", "passes_over_data", ".2f", False),
-        ("padding share", "padding_share", ".1%", False),
-        ("parameters", "params", ",.0f", False),
-        ("learning-rate scale", "learning_rate_scale", "g", False),
-        ("warm-up steps", "warmup_steps", ",.0f", False),
-        ("batch tokens", "batch_tokens", ",.0f", False),
-    ]
-    for label, key, spec, ratio in rows:
+    for label, key, spec, ratio in TRAINING_ROWS:
         lines.append(
             f"| {label} | {_fmt(ours.get(key), spec)} | {_fmt(hub.get(key), spec)} | "
             f"{_ratio(ours.get(key), hub.get(key)) if ratio else ''} |"
         )
     lines.append(f"| dtype policy | {ours.get('dtype_policy')} | {hub.get('dtype_policy')} | |")
-    lines += [
+    return lines
+
+
+def _curve_table(report):
+    """The validation loss of both builds at the report's minutes and at the end."""
+    lines = [
         "",
         "Validation loss (label-smoothed, whole validation split) at matching minutes "
         "(interpolated; step in parentheses). As each build logs it: train.py's is "
@@ -492,20 +499,31 @@ def tables(report):
         for end in ends
     ]
     lines.append(f"| end of training | {cells[0]} | {cells[1]} |")
+    return lines
+
+
+def _heldout_table(report, ours, hub):
+    """sacreBLEU, chrF and decoding seconds of the held-out sentences (none without)."""
     heldout = report.get("heldout")
-    if heldout:
-        lines += [
-            "",
-            f"Held-out translation: {heldout['count']} sentences ({heldout['selection']}), "
-            f"beam {report['beam_size']}, alpha {report['alpha']}:",
-            "",
-            "| | keras_transformer | keras-hub loop |",
-            "|---|---:|---:|",
-            f"| sacreBLEU | {_fmt(ours.get('bleu'), '.2f')} | {_fmt(hub.get('bleu'), '.2f')} |",
-            f"| chrF | {_fmt(ours.get('chrf'), '.2f')} | {_fmt(hub.get('chrf'), '.2f')} |",
-            f"| decoding seconds | {_fmt(ours.get('decode_seconds'), ',.1f')} | "
-            f"{_fmt(hub.get('decode_seconds'), ',.1f')} |",
-        ]
+    if not heldout:
+        return []
+    return [
+        "",
+        f"Held-out translation: {heldout['count']} sentences ({heldout['selection']}), "
+        f"beam {report['beam_size']}, alpha {report['alpha']}:",
+        "",
+        "| | keras_transformer | keras-hub loop |",
+        "|---|---:|---:|",
+        f"| sacreBLEU | {_fmt(ours.get('bleu'), '.2f')} | {_fmt(hub.get('bleu'), '.2f')} |",
+        f"| chrF | {_fmt(ours.get('chrf'), '.2f')} | {_fmt(hub.get('chrf'), '.2f')} |",
+        f"| decoding seconds | {_fmt(ours.get('decode_seconds'), ',.1f')} | "
+        f"{_fmt(hub.get('decode_seconds'), ',.1f')} |",
+    ]
+
+
+def _wall_clock_tables(report):
+    """Each build's wall clock by phase, with each phase's share of the whole."""
+    lines = []
     for name, title in (("keras_transformer", "train.py"), ("keras_hub", "keras-hub loop")):
         timing = report["builds"][name].get("timing") or {}
         wall = timing.get("wall_seconds") or report["builds"][name].get("wall_seconds")
@@ -518,6 +536,16 @@ def tables(report):
             lines.append(f"| {key.removesuffix('_seconds')} | {_fmt(value, ',.1f')} | {share} |")
         if "wall_seconds" not in timing and wall:
             lines.append(f"| wall | {_fmt(wall, ',.1f')} | 100% |")
+    return lines
+
+
+def tables(report):
+    """The Markdown tables of `quality.json`'s report."""
+    ours, hub = (report["builds"][name] for name in BUILDS)
+    lines = _training_table(report, ours, hub)
+    lines += _curve_table(report)
+    lines += _heldout_table(report, ours, hub)
+    lines += _wall_clock_tables(report)
     return "\n".join(lines)
 
 

@@ -155,23 +155,28 @@ def worker(args):
     )
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    if args.worker:
-        return timing_worker(args) if args.points else worker(args)
-    from keras_transformer.config import get_preset
-
-    config = get_preset(args.preset)
+def sweep_points(args):
+    """`[(sweep, length, batch)]`: the length sweep at `--tokens`, then the batch sweep."""
     lengths = map(int, args.lengths.split(","))
     points = [("length", length, max(1, args.tokens // length)) for length in lengths]
     points += [
         ("batch", args.batch_length, max(1, tokens // args.batch_length))
         for tokens in map(int, args.batch_tokens.split(","))
     ]
+    return points
+
+
+def worker_flags(args):
+    """The flags every worker process gets: preset, steps, warm-up, threads, dtype, jit."""
     common = ["--preset", args.preset, "--steps", str(args.steps), "--warmup", str(args.warmup)]
     common += ["--threads", str(args.threads), "--dtype", args.dtype]
     common += ["--jit"] if args.jit else []
-    interleaved = _common.spawn(
+    return common
+
+
+def interleaved_times(args, common, points):
+    """`{"LxB": step seconds}` of every point, timed round-robin in one process."""
+    return _common.spawn(
         os.path.abspath(__file__),
         args.backend,
         common
@@ -184,6 +189,11 @@ def main(argv=None):
         threads=args.threads,
         timeout=1800,
     )
+
+
+def measure_rows(args, config, common, points, interleaved):
+    """One row per point: its memory from a fresh process, its interleaved step time,
+    tokens and FLOPs."""
     rows = []
     for sweep, length, batch in points:
         result = _common.spawn(
@@ -212,6 +222,11 @@ def main(argv=None):
             f"{sweep} L={length} B={batch}: peak RSS {result['peak_rss_mib']:.0f} MiB",
             file=sys.stderr,
         )
+    return rows
+
+
+def print_table(args, rows):
+    """The settings line and the Markdown table of `rows`."""
     load = ", ".join(f"{value:.2f}" for value in _common.load_average())
     print(
         f"backend={args.backend} jit={args.jit} preset={args.preset} dtype={args.dtype} "
@@ -234,6 +249,20 @@ def main(argv=None):
             + ("-" if r.get("tf_peak_mib") is None else f"{r['tf_peak_mib']:.0f}")
             + " |"
         )
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker:
+        return timing_worker(args) if args.points else worker(args)
+    from keras_transformer.config import get_preset
+
+    config = get_preset(args.preset)
+    points = sweep_points(args)
+    common = worker_flags(args)
+    interleaved = interleaved_times(args, common, points)
+    rows = measure_rows(args, config, common, points, interleaved)
+    print_table(args, rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -602,10 +602,12 @@ def _start_server(args, batching):
     if batching == "off":
         extra[:2] = ["--max-wait-ms", "0", "--max-batch", "1"]
     port, name = _free_port(), "loadtest"
+    # The server's own messages (a failed start, each worker replaced) beside the results.
+    log = open(args.json + ".server.log", "a") if args.json else subprocess.DEVNULL  # noqa: SIM115
     server = subprocess.Popen(
         [sys.executable, "-m", "keras_transformer.serving", args.export_dir, "--port",
          str(port), "--model-name", name, "--max-sentences", "1000", *extra],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     for _ in range(600):
         try:
@@ -613,7 +615,15 @@ def _start_server(args, batching):
                 _post(port, name, ["Haus"], signature)
             break
         except OSError:
+            if server.poll() is not None:
+                raise SystemExit(
+                    f"The server exited with status {server.returncode} before it "
+                    f"answered (its output: {args.json}.server.log)."
+                ) from None
             time.sleep(0.2)
+    else:
+        server.kill()
+        raise SystemExit("The server did not answer within 120 s.")
     return server, port, name
 
 

@@ -236,29 +236,23 @@ def _candidate_name(fair, compile_mode):
     return "torch_reference_fair" + (f"_{compile_mode}" if compile_mode else "")
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def load_batch(args, config, device):
+    """`(source, target, labels)`: `_common.make_batch`'s batch as long tensors on `device`."""
     import torch
-    import torch.nn.functional as F
 
-    from keras_transformer.config import get_preset
-
-    config = get_preset(args.preset)
-    if args.dropout is not None:
-        config = get_preset(args.preset, dropout=args.dropout)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    torch.manual_seed(0)
     x, y = _common.make_batch(
         config, args.batch_size, args.length, args.length, padding=not args.no_padding
     )
     source = torch.as_tensor(x["source_ids"], dtype=torch.long, device=device)
     target = torch.as_tensor(x["target_ids"], dtype=torch.long, device=device)
     labels = torch.as_tensor(y, dtype=torch.long, device=device)
+    return source, target, labels
 
-    fair = args.variant == "fair"
-    model = (build_fair(config, not args.no_padding) if fair else build(config)).to(device)
-    model.train()
-    params = sum(p.numel() for p in model.parameters())
+
+def make_optimizer(model, config, device):
+    """`(optimizer, schedule)`: Adam (0.9, 0.98, 1e-9) under the paper's learning rate."""
+    import torch
+
     optimizer = torch.optim.Adam(
         model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9, fused=device.type == "cuda"
     )
@@ -267,10 +261,19 @@ def main(argv=None):
         optimizer,
         lambda step: config.d_model**-0.5 * min((step + 1) ** -0.5, (step + 1) * warmup**-1.5),
     )
-    autocast_dtype = getattr(torch, args.dtype)
+    return optimizer, schedule
+
+
+def make_forward_loss(forward, config, device, dtype):
+    """`forward_loss(source, target, labels)`: `forward` under autocast to `dtype` (none
+    for float32), then the label-smoothed cross-entropy of its logits in float32."""
+    import torch
+    import torch.nn.functional as F
+
+    autocast_dtype = getattr(torch, dtype)
 
     def forward_loss(source, target, labels):
-        with torch.autocast(device.type, dtype=autocast_dtype, enabled=args.dtype != "float32"):
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=dtype != "float32"):
             logits = forward(source, target)
         return F.cross_entropy(
             logits.float().reshape(-1, config.vocab_size),
@@ -279,51 +282,76 @@ def main(argv=None):
             label_smoothing=0.1,
         )
 
-    # Compiled: the model alone (plain: as most users write it), or the model and
-    # the loss as one function (fair).
-    forward, step_loss = model, forward_loss
+    return forward_loss
+
+
+def compiled_loss(args, fair, model, eager_loss, config, device):
+    """The step's loss function as `--compile` and `--variant` have it compiled: the
+    model alone (plain: as most users write it), or the model and the loss as one
+    function (fair: `eager_loss` compiled)."""
+    import torch
+
     if args.compile and fair:
-        step_loss = torch.compile(forward_loss, mode=args.compile_mode)
-    elif args.compile:
-        forward = torch.compile(model)
+        return torch.compile(eager_loss, mode=args.compile_mode)
+    if args.compile:
+        return make_forward_loss(torch.compile(model), config, device, args.dtype)
+    return eager_loss
 
-    def train_step():
-        loss = step_loss(source, target, labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        return loss.detach()
 
+def train_step(step_loss, batch, optimizer, schedule):
+    """One training step on `batch`; returns its loss, detached (not synchronized)."""
+    loss = step_loss(*batch)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    schedule.step()
+    return loss.detach()
+
+
+def warm_up(args, step_loss, eager_loss, step):
+    """Runs `--warmup` steps of `step(step_loss)`, again eagerly (`eager_loss`) if the
+    compiled function fails; returns `(step_loss, compiled, loss, seconds)`."""
     start = time.perf_counter()
     compiled = args.compile
     try:
         for _ in range(args.warmup):
-            loss = train_step()
+            loss = step(step_loss)
     except Exception as error:  # noqa: BLE001 - a reference that runs beats none
         if not args.compile:
             raise
         print(f"torch.compile failed ({type(error).__name__}: {error}); eager", file=sys.stderr)
-        forward, step_loss, compiled = model, forward_loss, False
+        step_loss, compiled = eager_loss, False
         for _ in range(args.warmup):
-            loss = train_step()
+            loss = step(step_loss)
     float(loss)
-    warmup_s = time.perf_counter() - start
+    return step_loss, compiled, loss, time.perf_counter() - start
+
+
+def time_rounds(args, step_loss, step, loss):
+    """`(seconds per step of each round, the last loss)`: `--rounds` of `--steps` steps,
+    the device synchronized once a round (`loss`, the warm-up's, where none runs)."""
     times = []
     for _ in range(args.rounds):
         start = time.perf_counter()
         for _ in range(args.steps):
-            loss = train_step()
+            loss = step(step_loss)
         float(loss)  # synchronizes
         times.append((time.perf_counter() - start) / args.steps)
+    return times, loss
 
+
+def make_result(args, config, device, fair, params, compiled, warmup_s, times, loss):
+    """The result line, in `train_throughput.py`'s worker format; measures the matmuls."""
+    import torch
+
+    autocast_dtype = getattr(torch, args.dtype)
     matmul = {"float32": matmul_flops_per_s(args.matmul_size, torch.float32, device)}
     if args.dtype != "float32":
         matmul[args.dtype] = matmul_flops_per_s(args.matmul_size, autocast_dtype, device)
     flops = _common.training_flops(config, args.batch_size, args.length, args.length)
     tokens = args.batch_size * 2 * args.length
     step = _common.median(times)
-    result = {
+    return {
         "backend": "torch (plain PyTorch)" if not fair else "torch (PyTorch, tuned)",
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "jit_compile": compiled,
@@ -343,6 +371,34 @@ def main(argv=None):
             }
         },
     }
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import torch
+
+    from keras_transformer.config import get_preset
+
+    config = get_preset(args.preset)
+    if args.dropout is not None:
+        config = get_preset(args.preset, dropout=args.dropout)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    batch = load_batch(args, config, device)
+    fair = args.variant == "fair"
+    model = (build_fair(config, not args.no_padding) if fair else build(config)).to(device)
+    model.train()
+    params = sum(p.numel() for p in model.parameters())
+    optimizer, schedule = make_optimizer(model, config, device)
+    eager_loss = make_forward_loss(model, config, device, args.dtype)
+    step_loss = compiled_loss(args, fair, model, eager_loss, config, device)
+
+    def step(step_loss):
+        return train_step(step_loss, batch, optimizer, schedule)
+
+    step_loss, compiled, loss, warmup_s = warm_up(args, step_loss, eager_loss, step)
+    times, loss = time_rounds(args, step_loss, step, loss)
+    result = make_result(args, config, device, fair, params, compiled, warmup_s, times, loss)
     line = json.dumps(result)
     print(line)
     if args.json:

@@ -109,38 +109,40 @@ class Transformer(keras.Model):
             bos_id=bos_id,
             eos_id=eos_id,
         )
+        self._create_layers(self.config)
+
+    def _create_layers(self, config):
+        """Creates the sub-layers of `config`: saved weights depend on their names
+        and on this order (embedding, encoder and decoder layers, final LayerNorms)."""
         dtype = self.dtype_policy
         block = dict(
-            d_model=d_model,
-            num_heads=num_heads,
-            d_ff=d_ff,
-            dropout=dropout,
-            attention_dropout=attention_dropout,
-            norm_first=norm_first,
-            layer_norm_epsilon=layer_norm_epsilon,
-            use_fused_attention=use_fused_attention,
+            d_model=config.d_model,
+            num_heads=config.num_heads,
+            d_ff=config.d_ff,
+            dropout=config.dropout,
+            attention_dropout=config.attention_dropout,
+            norm_first=config.norm_first,
+            layer_norm_epsilon=config.layer_norm_epsilon,
+            use_fused_attention=config.use_fused_attention,
             dtype=dtype,
         )
         self.embedding = TokenEmbedding(
-            vocab_size, d_model, pad_id=pad_id, dtype=dtype, name="embedding"
+            config.vocab_size, config.d_model, pad_id=config.pad_id, dtype=dtype, name="embedding"
         )
         self.positional_encoding = PositionalEncoding(dtype=dtype, name="positional_encoding")
-        self.embedding_dropout = Dropout(dropout, dtype=dtype, name="embedding_dropout")
+        self.embedding_dropout = Dropout(config.dropout, dtype=dtype, name="embedding_dropout")
         self.encoder_layers = [
             EncoderLayer(**block, name=f"encoder_layer_{i}")
-            for i in range(self.config.num_encoder_layers)
+            for i in range(config.num_encoder_layers)
         ]
         self.decoder_layers = [
             DecoderLayer(**block, name=f"decoder_layer_{i}")
-            for i in range(self.config.num_decoder_layers)
+            for i in range(config.num_decoder_layers)
         ]
         # Pre-LN stacks end with a LayerNorm; post-LN outputs are already normalized.
-        self.encoder_norm = (
-            layer_norm(layer_norm_epsilon, dtype, "encoder_norm") if norm_first else None
-        )
-        self.decoder_norm = (
-            layer_norm(layer_norm_epsilon, dtype, "decoder_norm") if norm_first else None
-        )
+        epsilon, norm_first = config.layer_norm_epsilon, config.norm_first
+        self.encoder_norm = layer_norm(epsilon, dtype, "encoder_norm") if norm_first else None
+        self.decoder_norm = layer_norm(epsilon, dtype, "decoder_norm") if norm_first else None
 
     @classmethod
     def from_preset(cls, preset, **kwargs):

@@ -28,10 +28,26 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         prog="keras-transformer-translate", description=__doc__.split("\n\n")[0]
     )
+    _input_flags(parser)
+    _search_flags(parser)
+    _output_flags(parser)
+    _steering_flags(parser)
+    _sampling_flags(parser)
+    add_debug_flag(parser)
+    add_verbose_flag(parser)
+    return parser.parse_args(argv)
+
+
+def _input_flags(parser):
+    """The model's work directory and the sentences to translate."""
     parser.add_argument("--work-dir", required=True, help="directory written by train.py")
     parser.add_argument(
         "--input", default="-", help="file with one sentence per line; '-' (default) is stdin"
     )
+
+
+def _search_flags(parser):
+    """The beam (or greedy) search and its batches."""
     parser.add_argument(
         "--beam-size",
         type=int,
@@ -50,6 +66,10 @@ def parse_args(argv=None):
         help=f"output tokens beyond the input length (default {PAPER.max_extra_length})",
     )
     parser.add_argument("--jit-compile", action="store_true", help="XLA (TensorFlow only)")
+
+
+def _output_flags(parser):
+    """What goes beside the translations: the progress bar and the attention plots."""
     parser.add_argument(
         "--progress",
         choices=("auto", "always", "never"),
@@ -67,6 +87,10 @@ def parse_args(argv=None):
     parser.add_argument(
         "--attention-head", type=int, default=None, help="head plotted (default: mean of heads)"
     )
+
+
+def _steering_flags(parser):
+    """What the translations must start with, hold or avoid."""
     parser.add_argument(
         "--target-prefix",
         metavar="TEXT",
@@ -98,6 +122,10 @@ def parse_args(argv=None):
         help="a word or phrase every translation must hold (dynamic beam allocation in the "
         "beam search); repeat for more",
     )
+
+
+def _sampling_flags(parser):
+    """Sampling instead of the search (back-translation)."""
     parser.add_argument(
         "--sampling-topk",
         type=int,
@@ -111,9 +139,6 @@ def parse_args(argv=None):
     parser.add_argument(
         "--seed", type=int, help="of --sampling-topk: the same input and seed, the same output"
     )
-    add_debug_flag(parser)
-    add_verbose_flag(parser)
-    return parser.parse_args(argv)
 
 
 def load(work_dir):
@@ -135,6 +160,28 @@ def _main(args):
 
     # Warnings only, before TensorFlow loads: stdout is the translations.
     configure_logging(args.verbose, "%(levelname)s: %(message)s", level=logging.WARNING)
+    glossary = _check_before_loading(args)
+    translator = _translator(args)
+    lines = _read_input(args.input)
+    progress = args.progress == "always" or (
+        args.progress == "auto" and len(lines) > args.batch_size
+    )
+    options = dict(
+        target_prefix=_target_prefix(args, lines), sampling_topk=args.sampling_topk,
+        sampling_temperature=args.sampling_temperature, seed=args.seed, glossary=glossary,
+        banned=args.banned, constraints=args.constraint,
+    )  # fmt: skip
+    for translation in translator.translate(lines, progress=progress, **options):
+        sys.stdout.write(translation + "\n")
+    sys.stdout.flush()
+    if args.plot_attention:
+        _plot_attention(args, translator, lines, glossary)
+    return 0
+
+
+def _check_before_loading(args):
+    """The glossary of `--glossary` (or None), once matplotlib for `--plot-attention` and
+    the glossary's lines are checked: their errors come before the model loads."""
     if args.plot_attention:
         from keras_transformer import visualize
 
@@ -144,10 +191,15 @@ def _main(args):
         from keras_transformer.terminology import load_glossary
 
         glossary = load_glossary(args.glossary)
+    return glossary
+
+
+def _translator(args):
+    """The `Translator` of `--work-dir`'s model, with the run's search settings and the flags'."""
     from keras_transformer.translators.keras_translator import Translator
 
     model, tokenizer = load(args.work_dir)
-    translator = Translator(
+    return Translator(
         model,
         tokenizer,
         beam_size=args.beam_size,
@@ -157,14 +209,18 @@ def _main(args):
         jit_compile=args.jit_compile,
         search=workdir.read_search(args.work_dir),  # the flags given replace its settings
     )
-    if args.input == "-":
-        lines = sys.stdin.read().splitlines()
-    else:
-        with open(args.input, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    progress = args.progress == "always" or (
-        args.progress == "auto" and len(lines) > args.batch_size
-    )
+
+
+def _read_input(path):
+    """The lines of the file at `path`, or of stdin for '-'."""
+    if path == "-":
+        return sys.stdin.read().splitlines()
+    with open(path, encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def _target_prefix(args, lines):
+    """`--target-prefix`'s text, `--target-prefix-file`'s lines (one per input line), or None."""
     prefix = args.target_prefix
     if args.target_prefix_file is not None:
         if prefix is not None:
@@ -176,28 +232,24 @@ def _main(args):
                 f"--target-prefix-file {args.target_prefix_file} has {len(prefix)} lines for "
                 f"{len(lines)} input lines: one prefix per line."
             )
-    options = dict(
-        target_prefix=prefix, sampling_topk=args.sampling_topk,
-        sampling_temperature=args.sampling_temperature, seed=args.seed, glossary=glossary,
-        banned=args.banned, constraints=args.constraint,
-    )  # fmt: skip
-    for translation in translator.translate(lines, progress=progress, **options):
-        sys.stdout.write(translation + "\n")
-    sys.stdout.flush()
-    if args.plot_attention:
-        from keras_transformer.terminology import annotate_all
+    return prefix
 
-        paths = visualize.plot_translation_attention(
-            translator,
-            annotate_all([line for line in lines if line.strip()], glossary),
-            args.plot_attention,
-            layer=args.attention_layer,
-            head=args.attention_head,
-        )
-        logging.getLogger(__name__).warning(
-            "%d attention plots written to %s", len(paths), args.plot_attention
-        )
-    return 0
+
+def _plot_attention(args, translator, lines, glossary):
+    """Writes one cross-attention heat map per non-blank line to `--plot-attention`."""
+    from keras_transformer import visualize
+    from keras_transformer.terminology import annotate_all
+
+    paths = visualize.plot_translation_attention(
+        translator,
+        annotate_all([line for line in lines if line.strip()], glossary),
+        args.plot_attention,
+        layer=args.attention_layer,
+        head=args.attention_head,
+    )
+    logging.getLogger(__name__).warning(
+        "%d attention plots written to %s", len(paths), args.plot_attention
+    )
 
 
 if __name__ == "__main__":

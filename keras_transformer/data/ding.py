@@ -238,6 +238,15 @@ def split_entries(
         `(splits, stats)`: `splits` maps "train", "validation", "test" to
         lists of `(german, english)`; `stats` counts pairs, sentences and drops.
     """
+    _check_fractions(validation_fraction, test_fraction, sentence_headword_fraction)
+    grouped = _group_by_headword_hash(
+        entries, validation_fraction, test_fraction, sentence_headword_fraction
+    )
+    return _drop_duplicates_and_leaks(grouped)
+
+
+def _check_fractions(validation_fraction, test_fraction, sentence_headword_fraction):
+    """Raises ValueError unless the held-out and sentence fractions are in (0, 1)."""
     held_out = validation_fraction + test_fraction
     if not 0.0 < held_out < 1.0 or not 0.0 < sentence_headword_fraction < 1.0:
         raise ValueError(
@@ -245,6 +254,16 @@ def split_entries(
             f"validation_fraction={validation_fraction}, test_fraction={test_fraction}, "
             f"sentence_headword_fraction={sentence_headword_fraction}"
         )
+
+
+def _group_by_headword_hash(
+    entries, validation_fraction, test_fraction, sentence_headword_fraction
+):
+    """The pairs of `entries` by split, "train", "validation", "test", chosen by headword hash.
+
+    Duplicates and leaks are still in; `_drop_duplicates_and_leaks` removes them.
+    """
+    held_out = validation_fraction + test_fraction
     has_sentence = collections.defaultdict(bool)
     for entry in entries:
         has_sentence[entry.headword] |= any(is_sentence(g, e) for g, e in entry.pairs)
@@ -262,7 +281,15 @@ def split_entries(
         else:
             split = "train"
         grouped[split].extend(entry.pairs)
+    return grouped
 
+
+def _drop_duplicates_and_leaks(grouped):
+    """`(splits, stats)` of `split_entries` from the pairs grouped by split.
+
+    Drops exact duplicate pairs, and pairs of validation (then test) whose
+    German or English side occurs in a split before it.
+    """
     stats = {}
     seen_pairs, seen_german, seen_english = set(), set(), set()
     splits = {}

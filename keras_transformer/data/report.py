@@ -78,9 +78,41 @@ class CorpusReport:
         Args:
             empty: line pairs with an empty side, skipped before (`text_files`).
         """
-        unknown = set(filters) - set(FILTERS)
-        if unknown:
-            raise ValueError(f"Unknown filter(s) {sorted(unknown)}; choose from {FILTERS}.")
+        _check_filters(filters)
+        hashes, flags, words, sums, counts = self._measure_pairs(pairs)
+        duplicates = _later_duplicates(hashes)
+        drop = _filter_mask(filters, flags, duplicates)
+        n = len(hashes)
+        self.train = {
+            "pairs": n,
+            "empty": int(empty),
+            **{name: int(value) for name, value in counts.items()},
+            "duplicates": int(duplicates.sum()),
+            "length_correlation": _correlation(sums, n),
+            "words_histogram": {
+                side: {_bin_name(i): int(c) for i, c in enumerate(values) if c}
+                for side, values in words.items()
+            },
+            "mean_characters": {"source": sums[0] / max(n, 1), "target": sums[1] / max(n, 1)},
+        }
+        self.filtered = {
+            "filters": list(filters),
+            "dropped": int(drop.sum()),
+            "kept": int(n - drop.sum()),
+        }
+        for name in self._evaluation:
+            self.splits[name]["in_train"] = len(self._seen_evaluation[name])
+        return drop
+
+    def _measure_pairs(self, pairs):
+        """The one pass of `read_train`: `(hashes, flags, words, sums, counts)`.
+
+        `hashes` (int64) and `flags` (int8: 1 a copy, 2 a ratio outlier) are numpy
+        arrays, one entry per pair; `words` the words histograms per side; `sums`
+        the sums of x, y, xx, yy, xy of the character lengths; `counts` the copies,
+        ratio outliers and pairs with control characters. Notes the evaluation
+        pairs seen in `self._seen_evaluation`.
+        """
         hashes, flags = array.array("q"), array.array("b")  # 9 bytes a pair, not ~80
         # Plain Python locals and C-speed calls per pair (bisect, a regex, str methods):
         # 16M pairs in about a minute, where numpy calls per pair took minutes.
@@ -113,35 +145,7 @@ class CorpusReport:
         counts = {"copies": copies, "ratio": ratios, "control_characters": controls}
         hashes = np.frombuffer(hashes, dtype=np.int64)
         flags = np.frombuffer(flags, dtype=np.int8)
-        duplicates = _later_duplicates(hashes)
-        drop = np.zeros(len(hashes), dtype=bool)
-        if "copies" in filters:
-            drop |= (flags & 1).astype(bool)
-        if "ratio" in filters:
-            drop |= (flags & 2).astype(bool)
-        if "duplicates" in filters:
-            drop |= duplicates
-        n = len(hashes)
-        self.train = {
-            "pairs": n,
-            "empty": int(empty),
-            **{name: int(value) for name, value in counts.items()},
-            "duplicates": int(duplicates.sum()),
-            "length_correlation": _correlation(sums, n),
-            "words_histogram": {
-                side: {_bin_name(i): int(c) for i, c in enumerate(values) if c}
-                for side, values in words.items()
-            },
-            "mean_characters": {"source": sums[0] / max(n, 1), "target": sums[1] / max(n, 1)},
-        }
-        self.filtered = {
-            "filters": list(filters),
-            "dropped": int(drop.sum()),
-            "kept": int(n - drop.sum()),
-        }
-        for name in self._evaluation:
-            self.splits[name]["in_train"] = len(self._seen_evaluation[name])
-        return drop
+        return hashes, flags, words, sums, counts
 
     def read_coverage(self, tokens_per_id, unknown_id, byte_ids):
         """Unknown and byte-fallback pieces among the training tokens (`tokens_per_id`:
@@ -254,6 +258,25 @@ class CorpusReport:
                 f"{100 * self.coverage['byte_share']:.2f}% byte-fallback pieces"
             )
         return lines
+
+
+def _check_filters(filters):
+    """Raises ValueError for a filter not in `FILTERS`."""
+    unknown = set(filters) - set(FILTERS)
+    if unknown:
+        raise ValueError(f"Unknown filter(s) {sorted(unknown)}; choose from {FILTERS}.")
+
+
+def _filter_mask(filters, flags, duplicates):
+    """Whether the `filters` drop each pair, from `read_train`'s flags and duplicates."""
+    drop = np.zeros(len(flags), dtype=bool)
+    if "copies" in filters:
+        drop |= (flags & 1).astype(bool)
+    if "ratio" in filters:
+        drop |= (flags & 2).astype(bool)
+    if "duplicates" in filters:
+        drop |= duplicates
+    return drop
 
 
 def _chunks(tokens, size):

@@ -60,43 +60,56 @@ def train_vocabulary(train_pairs, path, vocab_size, max_sentences=300_000, byte_
         byte_fallback = vocab_size >= BYTE_FALLBACK_MIN_VOCAB_SIZE
     temporary = f"{path}.tmp{os.getpid()}"
     try:
-        with open(temporary, "wb") as model_writer:
-            sentencepiece.SentencePieceTrainer.train(
-                sentence_iterator=_lines(train_pairs, max_sentences),
-                model_writer=model_writer,
-                vocab_size=vocab_size,
-                model_type="bpe",
-                normalization_rule_name="nmt_nfkc",
-                pad_id=0,
-                unk_id=1,
-                bos_id=2,
-                eos_id=3,
-                byte_fallback=byte_fallback,
-                user_defined_symbols=list(user_defined_symbols),
-                minloglevel=1,  # warnings and errors only: its INFO log is a page per run
-            )
+        _train_bpe(
+            temporary, train_pairs, vocab_size, max_sentences, byte_fallback, user_defined_symbols
+        )
     except RuntimeError as error:
         os.remove(temporary)
-        too_high = re.search(r"Vocabulary size too high \((\d+)\)\. .*<= (\d+)", str(error))
-        if too_high:  # the corpus holds fewer distinct pieces than asked for
-            largest = int(too_high.group(2))
-            if byte_fallback and largest < BYTE_FALLBACK_MIN_VOCAB_SIZE:
-                largest -= 256  # that size has no byte pieces, which SentencePiece counted
-            raise ValueError(
-                f"The training pairs are too few for a {vocab_size}-piece vocabulary: "
-                f"SentencePiece can make at most {largest} pieces of them; "
-                f"use --vocab-size {largest} or less, or more data."
-            ) from None
-        if byte_fallback and "smaller than required_chars" in str(error):
-            raise ValueError(
-                f"vocab_size={vocab_size} is too small for byte_fallback=True, whose 256 byte "
-                f"pieces count towards it: {error}"
-            ) from error
+        _raise_clearer_error(error, vocab_size, byte_fallback)
         raise
     os.replace(temporary, path)  # atomic: a concurrent reader never sees half a file
     logger.info(
         "Trained a %d-piece BPE vocabulary (byte_fallback=%s): %s", vocab_size, byte_fallback, path
     )
+
+
+def _train_bpe(path, train_pairs, vocab_size, max_sentences, byte_fallback, user_defined_symbols):
+    """Runs SentencePiece's BPE training with `train_vocabulary`'s options, written to `path`."""
+    with open(path, "wb") as model_writer:
+        sentencepiece.SentencePieceTrainer.train(
+            sentence_iterator=_lines(train_pairs, max_sentences),
+            model_writer=model_writer,
+            vocab_size=vocab_size,
+            model_type="bpe",
+            normalization_rule_name="nmt_nfkc",
+            pad_id=0,
+            unk_id=1,
+            bos_id=2,
+            eos_id=3,
+            byte_fallback=byte_fallback,
+            user_defined_symbols=list(user_defined_symbols),
+            minloglevel=1,  # warnings and errors only: its INFO log is a page per run
+        )
+
+
+def _raise_clearer_error(error, vocab_size, byte_fallback):
+    """Raises a ValueError that says what to change for the SentencePiece training
+    errors a flag causes; returns for the others (the caller re-raises them)."""
+    too_high = re.search(r"Vocabulary size too high \((\d+)\)\. .*<= (\d+)", str(error))
+    if too_high:  # the corpus holds fewer distinct pieces than asked for
+        largest = int(too_high.group(2))
+        if byte_fallback and largest < BYTE_FALLBACK_MIN_VOCAB_SIZE:
+            largest -= 256  # that size has no byte pieces, which SentencePiece counted
+        raise ValueError(
+            f"The training pairs are too few for a {vocab_size}-piece vocabulary: "
+            f"SentencePiece can make at most {largest} pieces of them; "
+            f"use --vocab-size {largest} or less, or more data."
+        ) from None
+    if byte_fallback and "smaller than required_chars" in str(error):
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small for byte_fallback=True, whose 256 byte "
+            f"pieces count towards it: {error}"
+        ) from error
 
 
 class SentencePieceTokenizer:

@@ -27,8 +27,9 @@ Output sequences hold the generated tokens without the start token, the
 end token included, and `pad_id` after it.
 
 The package, by job: `loop` (the loop's state helpers and the length
-penalty), `greedy` and `beam` (the two searches), `constrained` (beam
-search with positive lexical constraints, dynamic beam allocation),
+penalty), `greedy` and `beam` (the two searches; positive lexical
+constraints, by dynamic beam allocation, are rules of the beam's one loop:
+`beam.Constraints`; `constrained` keeps their old entry point),
 `translate` (a model's source ids to output ids: limits, suppressed
 tokens, the steering of `sampling`, the compiled entry points and the
 uncached reference).

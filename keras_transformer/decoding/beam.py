@@ -1,4 +1,53 @@
-"""Beam search with the GNMT length penalty, dropping sentences that have their answer."""
+"""Beam search: one loop for the plain search and the constrained one, dropping the
+sentences that have their answer.
+
+It keeps `K` alive hypotheses (not yet ended) ranked by log-probability and
+`K` finished ones ranked by `log P / length_penalty(length, alpha)`. Each step
+expands the alive beams, takes the `2K` best continuations (enough that `K`
+of them do not end), moves those that end into the finished set and keeps
+the `K` best others alive. A hypothesis ends by producing EOS or by reaching
+its sequence's length limit, so every returned hypothesis is complete. A
+sentence stops at its length limit or, before it, by the stopping rule:
+
+- `"bound"`: once no alive hypothesis can still beat its worst finished one
+  (`max alive log P / length_penalty(limit)` bounds every score it can reach,
+  for `alpha >= 0`): the search's exact answer.
+- `"k_finished"`: once `ceil(K * patience)` hypotheses have finished
+  (fairseq's and CTranslate2's rule, Hugging Face's `early_stopping=True`);
+  as in fairseq, an end counts only if it is among the `K` best
+  continuations of its step.
+
+A stopped sentence leaves the loop with its hypotheses and cache rows
+(`drop_finished`), and its output is final. The hypotheses of one sentence
+share the cache entries named in `shared` (one row per sentence, e.g. the
+source's cross-attention keys and values): the beam never reorders them;
+they only lose the rows of stopped sentences.
+
+Each step is a few named rules over a named state (`BeamState`), as flax's
+`decode.py` and CTranslate2's `decoding.cc` read:
+
+    logits -> candidates (`_expand`) -> the alive hypotheses (`_choose_alive`)
+           -> the finished ones (`_finish`) -> who stops (`_stops`)
+           -> their answer to the output (`_hand_off`) -> rows that leave (`_retire`)
+
+Positive lexical constraints (`Constraints`, dynamic beam allocation) are a
+parameter of the same loop, not a second one: their state rides in
+`BeamState.constraints` (per sentence) and `BeamState.progress` (per
+hypothesis), and they change three rules: the candidates (each unmet
+constraint's next token joins a hypothesis's best tokens), the alive choice
+(slots dealt to banks of constraint tokens met) and the finished scores (a
+penalty per constraint token missing). A forced prefix and banned sequences
+are rules of the step function (`sampling.force_prefix`, `ban_sequences`),
+so every search takes them.
+
+Shapes: B batch, A sentences still searching, W hypotheses per sentence (1 at
+the first step, then K), M candidates per sentence, T output buffer, V
+vocabulary, C constraints of at most L tokens.
+"""
+
+import collections
+import dataclasses
+import functools
 
 from keras import ops
 
@@ -20,59 +69,60 @@ from keras_transformer.decoding.loop import (
 )
 from keras_transformer.search import NEG_INF, PAPER, SearchConfig
 
+MISSING_PENALTY = 1.0e4  # per constraint token missing from an output ended by its limit
 
-def _is_done(stopping, finished, alive_log_probs, limit_penalty, needed):
-    """`(A,)` bool: sentences whose beam search has its answer, by the `stopping` rule."""
-    if stopping == "k_finished":
-        return finished["count"] >= needed
-    # "bound": log-probabilities only fall as a hypothesis grows, so no alive one can
-    # score above `max alive log P / length_penalty(limit)` (for alpha >= 0). Both sets
-    # come sorted from `top_k`: the best alive one is first, the worst finished last.
-    full = ops.all(finished["flags"], axis=1)  # (A,) K hypotheses have finished
-    return ops.logical_and(full, finished["scores"][:, -1] > alive_log_probs[:, 0] / limit_penalty)
+# The loop's state. Per sentence (A rows): sentences (their places in the batch),
+# limits, limit_penalty, searching (False once stopped, where rows stay), alive_log_probs
+# (A, W), finished's scores, flags and count, shared (the cache entries of one row per
+# sentence), constraints ({} or tokens (A, C, L), lengths (A, C), total (A,)). Per
+# hypothesis (A*W rows): alive_seqs (A*W, T), last_ids, finished's sequences, cache,
+# progress ({} or progress (A*W, C): each constraint's tokens matched).
+BeamState = collections.namedtuple(
+    "BeamState",
+    "sentences limits limit_penalty searching alive_log_probs alive_seqs last_ids finished "
+    "cache shared constraints progress",
+)
+PER_SENTENCE = ("sentences", "limits", "limit_penalty", "searching", "alive_log_probs",
+                "shared", "constraints")  # fmt: skip
+# The candidates of one step: log_probs, ids and parents (rows of the A*W hypotheses)
+# are (A, M); seqs (A*M, T) are the parents' sequences with the candidate written;
+# met (A, M) and progress (A*M, C): the constraint tokens each has met ({} without).
+Candidates = collections.namedtuple("Candidates", "log_probs ids parents seqs met progress")
+
+
+@dataclasses.dataclass(frozen=True)
+class Rules:
+    """The search's settings, as its rules read them."""
+
+    k: int
+    alpha: object  # float, or a float32 scalar tensor
+    eos_id: int
+    pad_id: int
+    min_length: int
+    stopping: str
+    needed: int  # "k_finished": hypotheses that must finish
+    constrained: bool
+
+    @classmethod
+    def of(cls, k, alpha, eos_id, pad_id, min_length, stopping, patience, constrained):
+        """The rules of `beam_search`'s arguments, checked."""
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"beam_size must be a positive integer. Received: beam_size={k}")
+        if _is_negative(alpha):
+            raise ValueError(f"alpha must be >= 0. Received: alpha={alpha}")
+        stopping = "bound" if constrained else stopping  # dynamic beam allocation's rule
+        needed = SearchConfig(beam_size=k, stopping=stopping, patience=patience).needed
+        return cls(k, alpha, eos_id, pad_id, min_length, stopping, needed, constrained)
 
 
 def beam_search(
-    tokens_to_logits,
-    cache,
-    start_ids,
-    max_length,
-    eos_id,
-    beam_size=PAPER.beam_size,
-    alpha=PAPER.alpha,
-    max_lengths=None,
-    pad_id=0,
-    min_length=MIN_LENGTH,
-    stopping=PAPER.stopping,
-    patience=PAPER.patience,
-    shared=(),
-    drop_finished=None,
-):
-    """Beam search with the GNMT length penalty, flax-style, dropping finished sentences.
-
-    Keeps `K` alive hypotheses (not yet ended) ranked by log-probability and
-    `K` finished ones ranked by `log P / length_penalty(length, alpha)`.
-    Each step expands the alive beams, takes the `2K` best continuations
-    (enough that `K` of them do not end), moves those that end into the
-    finished set and keeps the `K` best others alive. A hypothesis ends by
-    producing `eos_id` or by reaching its sequence's length limit, so every
-    returned hypothesis is complete.
-
-    A sentence stops at its length limit or, before it, by `stopping`:
-
-    - `"bound"`: once no alive hypothesis can still beat its worst finished
-      one (`max alive log P / length_penalty(limit)` bounds every score it
-      can reach, for `alpha >= 0`): the search's exact answer.
-    - `"k_finished"`: once `ceil(K * patience)` hypotheses have finished
-      (fairseq's and CTranslate2's rule, Hugging Face's
-      `early_stopping=True`); as in fairseq, an end counts only if it is
-      among the `K` best continuations of its step.
-
-    A stopped sentence leaves the loop with its hypotheses and cache rows
-    (`drop_finished`), and its output is final. The hypotheses of one
-    sentence share the cache entries named in `shared` (one row per
-    sentence, e.g. the source's cross-attention keys and values): the beam
-    never reorders them; they only lose the rows of stopped sentences.
+    tokens_to_logits, cache, start_ids, max_length, eos_id, beam_size=PAPER.beam_size,
+    alpha=PAPER.alpha, max_lengths=None, pad_id=0, min_length=MIN_LENGTH,
+    stopping=PAPER.stopping, patience=PAPER.patience, shared=(), drop_finished=None,
+    constraints=None,
+):  # fmt: skip
+    """Beam search with the GNMT length penalty, flax-style, dropping finished sentences
+    (its rules: this module's docstring).
 
     Args:
         tokens_to_logits: `(token_ids (A*K,), cache) -> (logits (A*K, V), cache)`
@@ -95,37 +145,83 @@ def beam_search(
         shared: top-level keys of `cache` shared by a sentence's hypotheses.
         drop_finished: bool; None: `drops_finished()` (not under JAX).
             Either way the output is the same.
+        constraints: optional `(B, C, L)` int token sequences every output must
+            hold, `pad_id` after a shorter one (an all-`pad_id` row is none).
 
     Returns:
         `(sequences (B, K, T) int32, scores (B, K) float32)`, best first;
-        scores are length-penalized log-probabilities.
+        scores are length-penalized log-probabilities (with `constraints`, an
+        output that misses one scores `MISSING_PENALTY` lower per missing token).
     """
-    if not isinstance(beam_size, int) or beam_size < 1:
-        raise ValueError(f"beam_size must be a positive integer. Received: beam_size={beam_size}")
-    if _is_negative(alpha):
-        raise ValueError(f"alpha must be >= 0. Received: alpha={alpha}")
-    needed = SearchConfig(beam_size=beam_size, stopping=stopping, patience=patience).needed
+    rules = Rules.of(beam_size, alpha, eos_id, pad_id, min_length, stopping, patience,
+                     constraints is not None)  # fmt: skip
     drop = loop.drops_finished() if drop_finished is None else drop_finished
-    k = beam_size
     start_ids = ops.cast(start_ids, "int32")
     max_lengths = _check_limits(max_length, max_lengths, start_ids)  # (B,)
-    batch_size = ops.shape(start_ids)[0]
-    places = _rows(start_ids)  # (B,)
+    output, state = _initial(cache, start_ids, max_length, max_lengths, shared, constraints, rules)
+    step = functools.partial(_step, tokens_to_logits, shared, rules, _rows(start_ids), drop)
 
+    def cond(i, output, state):
+        return ops.logical_and(i < max_length, ops.any(state.searching))
+
+    # The first step expands one hypothesis per sentence (computing K identical
+    # rows would waste K - 1); the loop then runs K per sentence still searching.
+    # It runs outside the loop, also for an empty batch (every op takes 0 rows).
+    first = step(ops.convert_to_tensor(0, dtype="int32"), output, state, width=1, first=True)
+    _, output, _ = _while_loop(cond, step, first, drop)
+    rows = _batch_offsets(output["scores"], beam_size)[:, 0]  # (B,)
+    sequences = ops.stack(
+        [ops.take(output["sequences"], rows + i, axis=0) for i in range(beam_size)], axis=1
+    )  # (B, K, T)
+    return sequences, output["scores"]
+
+
+def _step(tokens_to_logits, shared, rules, places, drop, step, output, state, width=None,
+          first=False):  # fmt: skip
+    """One step of `width` hypotheses per sentence (1 at the `first` step, then K):
+    the loop's body, its rules in order."""
+    width = rules.k if width is None else width
+    logits, cache = _logits(tokens_to_logits, state, shared)
+    candidates = _expand(logits, state, step, rules, width, first)
+    at_limit = (step + 1 >= state.limits)[:, None]  # (A, 1)
+    ends = ops.logical_or(ops.equal(candidates.ids, rules.eos_id), at_limit)  # (A, M)
+    alive_log_probs, kept = _choose_alive(candidates, ends, state, rules)
+    finished = _finish(candidates, ends, at_limit, state.finished, step, state, rules)
+    done = ops.logical_or(_stops(finished, alive_log_probs, state, rules), at_limit[:, 0])
+    output = _hand_off(output, state, finished, done, places, rules)
+    state = state._replace(
+        searching=ops.logical_and(state.searching, ops.logical_not(done)),
+        alive_log_probs=alive_log_probs,
+        alive_seqs=_take(candidates.seqs, kept),  # (A*K, T)
+        last_ids=_take(ops.reshape(candidates.ids, (-1,)), kept),  # (A*K,)
+        finished=finished,
+        progress={key: _take(value, kept) for key, value in candidates.progress.items()},
+    )
+    parents = _take(ops.reshape(candidates.parents, (-1,)), kept)  # rows of the old cache
+    if not drop:  # the cache follows its beams
+        return step + 1, output, state._replace(cache=_keep(cache, parents))
+    state = ops.cond(
+        ops.any(done), lambda: _retire(state, cache, parents, rules.k),
+        lambda: state._replace(cache=_keep(cache, parents)),
+    )  # fmt: skip
+    return step + 1, output, state
+
+
+def _initial(cache, start_ids, max_length, max_lengths, shared, constraints, rules):
+    """`(output, BeamState)` before the first step: one hypothesis per sentence."""
+    k, batch_size = rules.k, ops.shape(start_ids)[0]
     shared_cache = {key: cache[key] for key in shared}
     if shared:
         cache = {key: value for key, value in cache.items() if key not in shared}
-    empty = ops.zeros((batch_size * k, max_length), dtype="int32") + pad_id  # (B*K, T)
+    empty = ops.zeros((batch_size * k, max_length), dtype="int32") + rules.pad_id  # (B*K, T)
     zeros = ops.zeros_like(start_ids[:, None], dtype="float32")  # (B, 1)
     no_scores = zeros + NEG_INF + ops.zeros((1, k), dtype="float32")  # (B, K)
-    output = dict(sequences=empty, scores=no_scores)  # (B*K, T), (B, K): filled as sentences stop
-    # The A sentences still searching and their hypotheses (A*K rows), as named state.
-    beams = dict(
-        sentences=places,  # (A,) their places in the batch
+    output = dict(sequences=empty, scores=no_scores)  # (B*K, T), (B, K): filled as they stop
+    state = BeamState(
+        sentences=_rows(start_ids),  # (A,) their places in the batch
         limits=max_lengths,  # (A,)
-        limit_penalty=length_penalty(max_lengths, alpha),  # (A,)
-        searching=ops.ones_like(start_ids, dtype="bool"),  # (A,) False once stopped (kept rows)
-        # One hypothesis per sentence until the first step expands it to K.
+        limit_penalty=length_penalty(max_lengths, rules.alpha),  # (A,)
+        searching=ops.ones_like(start_ids, dtype="bool"),  # (A,)
         alive_log_probs=zeros,  # (A, 1), then (A, K)
         alive_seqs=empty[:batch_size],  # (A, T), then (A*K, T)
         last_ids=start_ids,  # (A,), then (A*K,)
@@ -137,140 +233,285 @@ def beam_search(
         ),
         cache=cache,  # (A, ...), then (A*K, ...)
         shared=shared_cache,  # (A, ...)
+        constraints={} if constraints is None else Constraints.initial(constraints, rules.pad_id),
+        progress={} if constraints is None else Constraints.no_progress(constraints),
+    )
+    return output, state
+
+
+def _logits(tokens_to_logits, state, shared):
+    """`(logits (A*W, V) float32, cache without the shared entries)` of one step."""
+    cache = {**state.cache, **state.shared} if shared else state.cache
+    logits, cache = tokens_to_logits(state.last_ids, cache)
+    if shared:
+        cache = {key: value for key, value in cache.items() if key not in shared}
+    return ops.cast(logits, "float32"), cache
+
+
+def _expand(logits, state, step, rules, width, first):
+    """The step's `Candidates`: without constraints, the `2K` best continuations of
+    each sentence; with them, every hypothesis's `2K` best tokens and each unmet
+    constraint's next token."""
+    k, vocab_size = rules.k, logits.shape[-1]  # static
+    # log P = logit - logsumexp, monotone within a row: a row's 2K best tokens
+    # hold every continuation of it that can be among its sentence's 2K best, so
+    # only those are normalized and scored, never the full (A*W, V) log-softmax.
+    normalizer = ops.logsumexp(logits, axis=-1, keepdims=True)  # (A*W, 1)
+    if first or rules.min_length > 1:  # one pass over (A*W, V) saved on every later step
+        logits = _forbid_early_end(logits, step, rules.eos_id, rules.min_length)
+    if rules.constrained:
+        logits = Constraints.end_when_complete(logits, state, rules.eos_id, width)
+    per_row = min(2 * k, vocab_size)
+    row_logits, row_ids = ops.top_k(logits, per_row)  # (A*W, P)
+    row_ids = ops.cast(row_ids, "int32")
+    log_probs = row_logits - normalizer  # (A*W, P)
+    if rules.constrained:
+        return Constraints.candidates(logits, normalizer, log_probs, row_ids, state, step, width)
+    log_probs = ops.reshape(log_probs, (-1, width, per_row))  # (A, W, P)
+    candidates = state.alive_log_probs[:, :, None] + log_probs  # (A, W, P)
+    candidates = ops.reshape(candidates, (-1, width * per_row))  # (A, W*P)
+    row_ids = ops.reshape(row_ids, (-1, width * per_row))  # (A, W*P)
+    if width * per_row < 2 * k:  # a small vocabulary's first step: NEG_INF fillers
+        fillers = 2 * k - width * per_row
+        filler = ops.zeros_like(candidates[:, :1]) + NEG_INF  # (A, 1)
+        candidates = ops.concatenate([candidates] + [filler] * fillers, axis=1)
+        row_ids = ops.concatenate([row_ids] + [ops.zeros_like(row_ids[:, :1]) + rules.pad_id]
+                                  * fillers, axis=1)  # fmt: skip
+    # The 2K best continuations: at most K of them end, so K stay alive.
+    top_log_probs, top_indices = ops.top_k(candidates, 2 * k)  # (A, 2K)
+    top_indices = ops.cast(top_indices, "int32")
+    top_beams = ops.minimum(ops.floor_divide(top_indices, per_row), width - 1)
+    top_beams = top_beams + _batch_offsets(top_indices, width)  # rows of the A*W hypotheses
+    top_ids = ops.take_along_axis(row_ids, top_indices, axis=1)  # (A, 2K)
+    top_seqs = _write(_take(state.alive_seqs, top_beams), step, ops.reshape(top_ids, (-1,)))
+    return Candidates(top_log_probs, top_ids, top_beams, top_seqs, {}, {})
+
+
+def _choose_alive(candidates, ends, state, rules):
+    """`(alive_log_probs (A, K), kept (A, K))`: the candidates that stay alive, as rows
+    of the A*M candidates: the K best that did not end, or (constraints) dynamic beam
+    allocation's K."""
+    k = rules.k
+    if rules.constrained:
+        alive_log_probs, keep = Constraints.allocate(candidates, ends, state, k)
+        return alive_log_probs, keep + _batch_offsets(keep, ops.shape(candidates.ids)[1])
+    alive_log_probs, keep = ops.top_k(ops.where(ends, NEG_INF, candidates.log_probs), k)
+    keep = ops.cast(keep, "int32")
+    return alive_log_probs, keep + _batch_offsets(keep, 2 * k)  # M = 2K
+
+
+def _finish(candidates, ends, at_limit, old, step, state, rules):
+    """The finished set after this step: the K best of the old one and the candidates
+    that finish now, by score (`log P / length_penalty`)."""
+    k, log_probs = rules.k, candidates.log_probs
+    finishes = ends
+    if rules.stopping == "k_finished":  # fairseq: an end among the K best continuations
+        among_best = ops.logical_or(_positions(candidates.ids) < k, at_limit)  # (A, M)
+        possible = log_probs > NEG_INF / 2  # not a forbidden EOS or a filler
+        finishes = ops.logical_and(ends, ops.logical_and(among_best, possible))
+    new_scores = log_probs / length_penalty(step + 1, rules.alpha)
+    if rules.constrained:
+        finishes = ops.logical_and(ends, log_probs > NEG_INF / 2)
+        new_scores = new_scores - Constraints.missing(candidates, state)
+    new_scores = ops.where(finishes, new_scores, NEG_INF)  # (A, M)
+    scores = ops.concatenate([old["scores"], new_scores], axis=1)  # (A, K + M)
+    flags = ops.concatenate([old["flags"], finishes], axis=1)  # (A, K + M)
+    finished_scores, pick = ops.top_k(scores, k)  # (A, K), old ones first on ties
+    pick = ops.cast(pick, "int32")
+    width = ops.shape(candidates.ids)[1] if rules.constrained else 2 * k  # M
+    # Rows of concat([old sequences (A*K, T), the candidates' (A*M, T)]).
+    old_rows = pick + _batch_offsets(pick, k)
+    new_rows = ops.shape(candidates.ids)[0] * k + (pick - k) + _batch_offsets(pick, width)
+    rows = ops.where(pick < k, old_rows, new_rows)
+    return dict(
+        sequences=_take(ops.concatenate([old["sequences"], candidates.seqs], axis=0), rows),
+        scores=finished_scores,
+        flags=ops.take_along_axis(flags, pick, axis=1),
+        count=old["count"] + ops.sum(ops.cast(finishes, "int32"), axis=1),
     )
 
-    def cond(step, output, beams):
-        return ops.logical_and(step < max_length, ops.any(beams["searching"]))
 
-    def body(step, output, beams, width=k, first=False):
-        """One step of `width` hypotheses per sentence (1 at the first step, then K)."""
-        logits, cache = tokens_to_logits(beams["last_ids"], {**beams["cache"], **beams["shared"]}
-                                         if shared else beams["cache"])  # fmt: skip
-        if shared:
-            cache = {key: value for key, value in cache.items() if key not in shared}
-        vocab_size = logits.shape[-1]  # static
-        logits = ops.cast(logits, "float32")  # (A*W, V)
-        # log P = logit - logsumexp, monotone within a row: a row's 2K best tokens
-        # hold every continuation of it that can be among its sentence's 2K best, so
-        # only those are normalized and scored, never the full (A*W, V) log-softmax.
-        normalizer = ops.logsumexp(logits, axis=-1, keepdims=True)  # (A*W, 1)
-        if first or min_length > 1:  # one pass over (A*W, V) saved on every later step
-            logits = _forbid_early_end(logits, step, eos_id, min_length)
-        per_row = min(2 * k, vocab_size)
-        row_logits, row_ids = ops.top_k(logits, per_row)  # (A*W, P)
-        log_probs = ops.reshape(row_logits - normalizer, (-1, width, per_row))  # (A, W, P)
-        candidates = beams["alive_log_probs"][:, :, None] + log_probs  # (A, W, P)
-        candidates = ops.reshape(candidates, (-1, width * per_row))  # (A, W*P)
-        row_ids = ops.reshape(ops.cast(row_ids, "int32"), (-1, width * per_row))  # (A, W*P)
-        if width * per_row < 2 * k:  # a small vocabulary's first step: NEG_INF fillers
-            fillers = 2 * k - width * per_row
-            filler = ops.zeros_like(candidates[:, :1]) + NEG_INF  # (A, 1)
-            candidates = ops.concatenate([candidates] + [filler] * fillers, axis=1)
-            row_ids = ops.concatenate([row_ids] + [ops.zeros_like(row_ids[:, :1]) + pad_id]
-                                      * fillers, axis=1)  # fmt: skip
+def _stops(finished, alive_log_probs, state, rules):
+    """`(A,)` bool: sentences whose beam search has its answer, by the stopping rule."""
+    if rules.stopping == "k_finished":
+        return finished["count"] >= rules.needed
+    # "bound": log-probabilities only fall as a hypothesis grows, so no alive one can
+    # score above `max alive log P / length_penalty(limit)` (for alpha >= 0). Without
+    # constraints both sets come sorted from `top_k`: the best alive one is first, the
+    # worst finished last.
+    full = ops.all(finished["flags"], axis=1)  # (A,) K hypotheses have finished
+    if not rules.constrained:
+        best = alive_log_probs[:, 0]
+        return ops.logical_and(full, finished["scores"][:, -1] > best / state.limit_penalty)
+    best = ops.max(alive_log_probs, axis=1)  # (A,) allocation keeps no order
+    bound = ops.logical_and(full, finished["scores"][:, -1] > best / state.limit_penalty)
+    return ops.logical_or(bound, best <= NEG_INF / 2)  # or no hypothesis can go on
 
-        # The 2K best continuations: at most K of them end, so K stay alive.
-        top_log_probs, top_indices = ops.top_k(candidates, 2 * k)  # (A, 2K)
-        top_indices = ops.cast(top_indices, "int32")
-        top_beams = ops.minimum(ops.floor_divide(top_indices, per_row), width - 1)
-        top_beams = top_beams + _batch_offsets(top_indices, width)  # rows of the A*W hypotheses
-        top_ids = ops.take_along_axis(row_ids, top_indices, axis=1)  # (A, 2K)
-        top_seqs = _write(_take(beams["alive_seqs"], top_beams), step, ops.reshape(top_ids, (-1,)))
-        at_limit = (step + 1 >= beams["limits"])[:, None]  # (A, 1)
-        ends = ops.logical_or(ops.equal(top_ids, eos_id), at_limit)  # (A, 2K)
-        finishes = ends
-        if stopping == "k_finished":  # fairseq: an end among the K best continuations
-            among_best = ops.logical_or(_positions(top_ids) < k, at_limit)  # (A, 2K)
-            possible = top_log_probs > NEG_INF / 2  # not a forbidden EOS or a filler
-            finishes = ops.logical_and(ends, ops.logical_and(among_best, possible))
 
-        # Alive: the K best that did not end.
-        alive_log_probs, keep = ops.top_k(ops.where(ends, NEG_INF, top_log_probs), k)  # (A, K)
-        keep = ops.cast(keep, "int32") + _batch_offsets(keep, 2 * k)  # into A*2K rows
-        alive_seqs = _take(top_seqs, keep)  # (A*K, T)
-        last_ids = _take(ops.reshape(top_ids, (-1,)), keep)  # (A*K,)
-        parents = _take(ops.reshape(top_beams, (-1,)), keep)  # (A*K,) rows of the old cache
+def _hand_off(output, state, finished, done, places, rules):
+    """The output with the finished hypotheses of the sentences that stop now."""
+    k = rules.k
+    stops = ops.logical_and(state.searching, done)
+    hit, source = _match(state.sentences, places, stops)  # (B,)
+    # A slot with no finished hypothesis (fewer than K ended) holds PAD, score NEG_INF.
+    real = ops.where(
+        ops.reshape(finished["flags"], (-1, 1)), finished["sequences"], rules.pad_id
+    )  # fmt: skip
+    return dict(
+        sequences=ops.where(
+            ops.repeat(hit, k, axis=0)[:, None],
+            _take(real, source[:, None] * k + ops.arange(k, dtype="int32")),
+            output["sequences"],
+        ),
+        scores=ops.where(
+            hit[:, None], ops.take(finished["scores"], source, axis=0), output["scores"]
+        ),  # fmt: skip
+    )
 
-        # Finished: the K best of the old finished set and the new ends.
-        old = beams["finished"]
-        new_scores = top_log_probs / length_penalty(step + 1, alpha)
-        new_scores = ops.where(finishes, new_scores, NEG_INF)  # (A, 2K)
-        scores = ops.concatenate([old["scores"], new_scores], axis=1)  # (A, 3K)
-        flags = ops.concatenate([old["flags"], finishes], axis=1)  # (A, 3K)
-        finished_scores, pick = ops.top_k(scores, k)  # (A, K), old ones first on ties
-        pick = ops.cast(pick, "int32")
-        # Rows of concat([old sequences (A*K, T), top_seqs (A*2K, T)]).
-        old_rows = pick + _batch_offsets(pick, k)
-        new_rows = ops.shape(top_ids)[0] * k + (pick - k) + _batch_offsets(pick, 2 * k)
-        rows = ops.where(pick < k, old_rows, new_rows)
-        finished = dict(
-            sequences=_take(ops.concatenate([old["sequences"], top_seqs], axis=0), rows),
-            scores=finished_scores,
-            flags=ops.take_along_axis(flags, pick, axis=1),
-            count=old["count"] + ops.sum(ops.cast(finishes, "int32"), axis=1),
+
+def _retire(state, cache, parents, k):
+    """The state without the rows of the sentences that stopped (their answers are in
+    the output): per-sentence rows by sentence, the others by hypothesis."""
+    sentences = ops.where(state.searching)[0]  # (A',)
+    hypotheses = ops.reshape(sentences[:, None] * k + ops.arange(k, dtype="int32"), (-1,))
+    kept = {key: _keep(getattr(state, key), sentences) for key in PER_SENTENCE}
+    finished = state.finished
+    return state._replace(
+        **kept,
+        alive_seqs=ops.take(state.alive_seqs, hypotheses, axis=0),
+        last_ids=ops.take(state.last_ids, hypotheses, axis=0),
+        finished=dict(
+            sequences=ops.take(finished["sequences"], hypotheses, axis=0),
+            **_keep({key: finished[key] for key in ("scores", "flags", "count")}, sentences),
+        ),
+        cache=_keep(cache, ops.take(parents, hypotheses, axis=0)),
+        progress=_keep(state.progress, hypotheses),
+    )
+
+
+class Constraints:
+    """Positive lexical constraints as rules of the beam: dynamic beam allocation.
+
+    Every output must hold every constraint, a token sequence (the pieces of a
+    word or phrase), in any order: Post & Vilar (2018),
+    https://arxiv.org/abs/1804.06609, as fairseq's `--constraints` runs it (Hu et
+    al., 2019, vectorized it). Each hypothesis carries its progress through each
+    constraint (tokens matched so far; a token that breaks a partly matched
+    constraint starts it over). The candidates of a hypothesis are its 2K best
+    continuations and the next token of each constraint it has not met, so that
+    a constraint enters hypotheses the model finds unlikely. The candidates are
+    grouped into banks by the constraint tokens they have met, and the K alive
+    slots are dealt out in turns, the bank with the most met first (`allocate`).
+    A hypothesis may end (EOS) only once it holds every constraint; at its
+    length limit it ends anyway, `MISSING_PENALTY` lower per token it lacks.
+    """
+
+    @staticmethod
+    def initial(constraints, pad_id):
+        """The per-sentence state: the tokens `(B, C, L)`, each constraint's length
+        `(B, C)` and the tokens an output must hold `(B,)`."""
+        tokens = ops.cast(constraints, "int32")
+        lengths = ops.sum(ops.cast(ops.not_equal(tokens, pad_id), "int32"), axis=2)
+        return dict(tokens=tokens, lengths=lengths, total=ops.sum(lengths, axis=1))
+
+    @staticmethod
+    def no_progress(constraints):
+        """The per-hypothesis state at the start: nothing matched, `(B, C)`."""
+        return dict(matched=ops.zeros_like(ops.cast(constraints[:, :, 0], "int32")))
+
+    @staticmethod
+    def end_when_complete(logits, state, eos_id, width):
+        """`logits (A*W, V)` with EOS at NEG_INF in the hypotheses that do not yet
+        hold every constraint."""
+        lengths = ops.repeat(state.constraints["lengths"], width, axis=0)  # (A*W, C)
+        complete = ops.all(state.progress["matched"] >= lengths, axis=1)  # (A*W,)
+        is_eos = ops.equal(ops.arange(logits.shape[-1], dtype="int32"), eos_id)[None, :]
+        incomplete_eos = ops.logical_and(is_eos, ops.logical_not(complete)[:, None])
+        return ops.where(incomplete_eos, NEG_INF, logits)
+
+    @staticmethod
+    def candidates(logits, normalizer, log_probs, row_ids, state, step, width):
+        """`Candidates` (A, M = W * (P + C)): each hypothesis's best tokens `row_ids`
+        (A*W, P) and each unmet constraint's next token (not already among them, nor
+        proposed by an earlier constraint)."""
+        constraints, matched = state.constraints, state.progress["matched"]  # (A*W, C)
+        tokens = ops.repeat(constraints["tokens"], width, axis=0)  # (A*W, C, L)
+        lengths = ops.repeat(constraints["lengths"], width, axis=0)  # (A*W, C)
+        column = ops.minimum(matched, ops.shape(tokens)[2] - 1)[:, :, None]  # (A*W, C, 1)
+        next_ids = ops.take_along_axis(tokens, column, axis=2)[:, :, 0]  # (A*W, C)
+        unmet = matched < lengths
+        among_top = ops.any(ops.equal(next_ids[:, :, None], row_ids[:, None, :]), axis=2)
+        index = ops.cumsum(ops.ones_like(next_ids[:1]), axis=1) - 1  # (1, C)
+        earlier = index[:, None, :] < index[:, :, None]  # (1, C, C) [c, c']: c' before c
+        repeated = ops.any(
+            ops.logical_and(ops.logical_and(earlier, unmet[:, None, :]),
+                            ops.equal(next_ids[:, :, None], next_ids[:, None, :])),
+            axis=2,
+        )  # fmt: skip  # (A*W, C) an earlier unmet constraint proposes the same token
+        proposed = ops.logical_and(unmet, ops.logical_not(ops.logical_or(among_top, repeated)))
+        next_log_probs = ops.take_along_axis(logits, next_ids, axis=1) - normalizer
+        next_log_probs = ops.where(proposed, next_log_probs, NEG_INF)  # (A*W, C)
+        row_log_probs = ops.concatenate([log_probs, next_log_probs], axis=1)  # (A*W, Q)
+        ids = ops.concatenate([row_ids, next_ids], axis=1)  # (A*W, Q)
+        per_row = ops.shape(ids)[1]  # Q = P + C
+        scores = ops.reshape(state.alive_log_probs, (-1, 1)) + row_log_probs  # (A*W, Q)
+        rows = _rows(ops.reshape(ids, (-1,)))  # (A*W*Q,)
+        parents = ops.floor_divide(rows, per_row)  # rows of the A*W hypotheses
+        flat_ids = ops.reshape(ids, (-1,))
+        progress = _advance(_take(matched, parents), flat_ids, _take(next_ids, parents),
+                            _take(tokens[:, :, 0], parents), _take(lengths, parents))  # fmt: skip
+        sentences = ops.shape(state.alive_log_probs)[0]
+        met = ops.sum(ops.minimum(progress, _take(lengths, parents)), axis=1)  # (A*M,)
+        return Candidates(
+            log_probs=ops.reshape(scores, (sentences, -1)),  # (A, M)
+            ids=ops.reshape(flat_ids, (sentences, -1)),
+            parents=ops.reshape(parents, (sentences, -1)),
+            seqs=_write(_take(state.alive_seqs, parents), step, flat_ids),  # (A*M, T)
+            met=ops.reshape(met, (sentences, -1)),  # (A, M) the bank
+            progress=dict(matched=progress),  # (A*M, C)
         )
 
-        # A sentence that stops hands its finished hypotheses to the output.
-        done = _is_done(stopping, finished, alive_log_probs, beams["limit_penalty"], needed)
-        done = ops.logical_or(done, at_limit[:, 0])  # (A,)
-        stops = ops.logical_and(beams["searching"], done)
-        hit, source = _match(beams["sentences"], places, stops)  # (B,)
-        # A slot with no finished hypothesis (fewer than K ended) holds PAD, score NEG_INF.
-        real = ops.where(ops.reshape(finished["flags"], (-1, 1)), finished["sequences"], pad_id)
-        output = dict(
-            sequences=ops.where(
-                ops.repeat(hit, k, axis=0)[:, None],
-                _take(real, source[:, None] * k + ops.arange(k, dtype="int32")),
-                output["sequences"],
-            ),
-            scores=ops.where(
-                hit[:, None], ops.take(finished_scores, source, axis=0), output["scores"]
-            ),  # fmt: skip
-        )
-        beams = dict(
-            beams,
-            searching=ops.logical_and(beams["searching"], ops.logical_not(done)),
-            alive_log_probs=alive_log_probs,
-            alive_seqs=alive_seqs,
-            last_ids=last_ids,
-            finished=finished,
-            cache=cache,
-        )
-        if not drop:  # the cache follows its beams
-            return step + 1, output, dict(beams, cache=_keep(cache, parents))
+    @staticmethod
+    def allocate(candidates, ends, state, k):
+        """`(alive_log_probs (A, K), keep (A, K))`: dynamic beam allocation. The
+        candidates that stay (possible, not ending) are grouped into banks by the
+        constraint tokens they have met, ranked by score within their bank, and dealt
+        out in turns: rank 0 of the fullest bank, rank 0 of the next, ..., then rank
+        1 of each; the others come last."""
+        scores, met = candidates.log_probs, candidates.met
+        total = state.constraints["total"]  # (A,)
+        stays = ops.logical_and(scores > NEG_INF / 2, ops.logical_not(ends))  # (A, M)
+        order = ops.cumsum(ops.ones_like(met), axis=1) - 1  # (A, M) 0..M-1
+        same_bank = ops.logical_and(ops.equal(met[:, :, None], met[:, None, :]),
+                                    stays[:, None, :])  # fmt: skip  # (A, M, M) [i, j]
+        ahead = ops.logical_or(
+            scores[:, None, :] > scores[:, :, None],
+            ops.logical_and(ops.equal(scores[:, None, :], scores[:, :, None]),
+                            order[:, None, :] < order[:, :, None]),
+        )  # fmt: skip  # (A, M, M) j ranks before i
+        rank = ops.sum(ops.cast(ops.logical_and(same_bank, ahead), "int32"), axis=2)  # (A, M)
+        turn = rank * (total[:, None] + 1) + (total[:, None] - met)  # (A, M) distinct
+        turn = ops.where(stays, turn, 1_000_000 + order)
+        _, keep = ops.top_k(-ops.cast(turn, "float32"), k)  # (A, K)
+        keep = ops.cast(keep, "int32")
+        alive_log_probs = ops.take_along_axis(ops.where(stays, scores, NEG_INF), keep, axis=1)
+        return alive_log_probs, keep
 
-        def without_stopped():
-            sentences = ops.where(beams["searching"])[0]  # (A',)
-            hypotheses = ops.reshape(sentences[:, None] * k + ops.arange(k, dtype="int32"), (-1,))
-            per_sentence = ("sentences", "limits", "limit_penalty", "searching",
-                            "alive_log_probs", "shared")  # fmt: skip
-            kept = {key: _keep(beams[key], sentences) for key in per_sentence}
-            return dict(
-                kept,
-                alive_seqs=ops.take(alive_seqs, hypotheses, axis=0),
-                last_ids=ops.take(last_ids, hypotheses, axis=0),
-                finished=dict(
-                    sequences=ops.take(finished["sequences"], hypotheses, axis=0),
-                    **_keep(
-                        {key: finished[key] for key in ("scores", "flags", "count")}, sentences
-                    ),  # fmt: skip
-                ),
-                cache=_keep(cache, ops.take(parents, hypotheses, axis=0)),
-            )
+    @staticmethod
+    def missing(candidates, state):
+        """`(A, M)` float32: `MISSING_PENALTY` per constraint token each candidate lacks."""
+        total = state.constraints["total"][:, None]  # (A, 1)
+        return ops.cast(total - candidates.met, "float32") * MISSING_PENALTY
 
-        beams = ops.cond(
-            ops.any(done), without_stopped, lambda: dict(beams, cache=_keep(cache, parents))
-        )
-        return step + 1, output, beams
 
-    # The first step expands one hypothesis per sentence (computing K identical
-    # rows would waste K - 1); the loop then runs K per sentence still searching.
-    # It runs outside the loop, also for an empty batch (every op takes 0 rows).
-    step = ops.convert_to_tensor(0, dtype="int32")
-    state = body(step, output, beams, width=1, first=True)
-    _, output, _ = _while_loop(cond, body, state, drop)
-    rows = _batch_offsets(output["scores"], k)[:, 0]  # (B,)
-    sequences = ops.stack(
-        [ops.take(output["sequences"], rows + i, axis=0) for i in range(k)], axis=1
-    )  # (B, K, T)
-    return sequences, output["scores"]
+def _advance(matched, token_ids, next_ids, first_ids, lengths):
+    """Each constraint's tokens matched after `token_ids`; all `(N, C)` but `token_ids
+    (N,)`: one more where the token is the constraint's next, 1 where it starts it
+    over, 0 where it breaks it; a met constraint stays met."""
+    token_ids = token_ids[..., None]
+    advanced = ops.where(
+        ops.equal(token_ids, next_ids),
+        matched + 1,
+        ops.cast(ops.equal(token_ids, first_ids), "int32"),
+    )
+    return ops.where(matched >= lengths, matched, advanced)

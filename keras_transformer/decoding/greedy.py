@@ -1,5 +1,7 @@
 """Greedy search (and sampling, with a `choose` that draws): one token per row per step."""
 
+import functools
+
 from keras import ops
 
 from keras_transformer.decoding import loop
@@ -63,34 +65,41 @@ def greedy_search(
     def cond(step, tokens, running):
         return ops.logical_and(step < max_length, ops.any(running["alive"]))
 
-    def body(step, tokens, running, first=False):
-        alive = running["alive"]
-        logits, cache = tokens_to_logits(running["last_ids"], running["cache"])  # (A, V)
-        logits = ops.cast(logits, "float32")
-        if first or min_length > 1:  # one pass over (A, V) saved on every later step
-            logits = _forbid_early_end(logits, step, eos_id, min_length)
-        if choose is None:
-            next_ids = ops.cast(ops.argmax(logits, axis=-1), "int32")  # (A,)
-        else:
-            next_ids = ops.cast(choose(logits, step, running["rows"]), "int32")
-        next_ids = ops.where(alive, next_ids, pad_id)
-        hit, source = _match(running["rows"], places, alive)  # (B,)
-        at_step = ops.logical_and(hit[:, None], ops.equal(_positions(tokens), step))  # (B, T)
-        tokens = ops.where(at_step, ops.take(next_ids, source)[:, None], tokens)
-        ended = ops.logical_or(ops.equal(next_ids, eos_id), step + 1 >= running["limits"])
-        alive = ops.logical_and(alive, ops.logical_not(ended))
-        running = dict(running, last_ids=next_ids, alive=alive, cache=cache)
-        if drop:
-            running = ops.cond(
-                ops.any(ended),
-                lambda: _keep(running, ops.where(alive)[0]),  # (A', ...)
-                lambda: running,
-            )
-        return step + 1, tokens, running
-
+    body = functools.partial(_step, tokens_to_logits, choose, places, drop,
+                             dict(eos_id=eos_id, pad_id=pad_id, min_length=min_length))  # fmt: skip
     # The first step runs outside the loop, the only one that forbids an early end
     # (with `min_length` 1), so that the loop's steps do not pay for it.
     step = ops.convert_to_tensor(0, dtype="int32")
     state = body(step, tokens, running, first=True)
     _, tokens, _ = _while_loop(cond, body, state, drop)
     return tokens
+
+
+def _step(tokens_to_logits, choose, places, drop, ids, step, tokens, running, first=False):
+    """One step of the rows still running: the next token of each, written to `tokens`
+    (B, T); the rows that end leave `running` (`drop`). `ids`: eos_id, pad_id and
+    min_length."""
+    eos_id, pad_id, min_length = ids["eos_id"], ids["pad_id"], ids["min_length"]
+    alive = running["alive"]
+    logits, cache = tokens_to_logits(running["last_ids"], running["cache"])  # (A, V)
+    logits = ops.cast(logits, "float32")
+    if first or min_length > 1:  # one pass over (A, V) saved on every later step
+        logits = _forbid_early_end(logits, step, eos_id, min_length)
+    if choose is None:
+        next_ids = ops.cast(ops.argmax(logits, axis=-1), "int32")  # (A,)
+    else:
+        next_ids = ops.cast(choose(logits, step, running["rows"]), "int32")
+    next_ids = ops.where(alive, next_ids, pad_id)
+    hit, source = _match(running["rows"], places, alive)  # (B,)
+    at_step = ops.logical_and(hit[:, None], ops.equal(_positions(tokens), step))  # (B, T)
+    tokens = ops.where(at_step, ops.take(next_ids, source)[:, None], tokens)
+    ended = ops.logical_or(ops.equal(next_ids, eos_id), step + 1 >= running["limits"])
+    alive = ops.logical_and(alive, ops.logical_not(ended))
+    running = dict(running, last_ids=next_ids, alive=alive, cache=cache)
+    if drop:
+        running = ops.cond(
+            ops.any(ended),
+            lambda: _keep(running, ops.where(alive)[0]),  # (A', ...)
+            lambda: running,
+        )
+    return step + 1, tokens, running

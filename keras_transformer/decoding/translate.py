@@ -7,7 +7,6 @@ from keras import ops
 
 from keras_transformer.decoding import loop
 from keras_transformer.decoding.beam import beam_search
-from keras_transformer.decoding.constrained import constrained_beam_search
 from keras_transformer.decoding.greedy import greedy_search
 from keras_transformer.decoding.loop import (
     MIN_LENGTH,
@@ -86,22 +85,11 @@ def _scaled(length, ratio):
 
 
 def translate_ids(
-    model,
-    source_ids,
-    beam_size=PAPER.beam_size,
-    alpha=PAPER.alpha,
-    max_extra_length=PAPER.max_extra_length,
-    num_hypotheses=None,
-    stopping=PAPER.stopping,
-    patience=PAPER.patience,
-    drop_finished=None,
-    prefix_ids=None,
-    sampling=None,
-    seeds=None,
-    length_ratio=PAPER.length_ratio,
-    banned_ids=None,
-    constraints=None,
-):
+    model, source_ids, beam_size=PAPER.beam_size, alpha=PAPER.alpha,
+    max_extra_length=PAPER.max_extra_length, num_hypotheses=None, stopping=PAPER.stopping,
+    patience=PAPER.patience, drop_finished=None, prefix_ids=None, sampling=None, seeds=None,
+    length_ratio=PAPER.length_ratio, banned_ids=None, constraints=None,
+):  # fmt: skip
     """Source ids to output ids with the model's key/value cache. Pure tensor code.
 
     Args:
@@ -130,8 +118,8 @@ def translate_ids(
             output may hold (`ban_sequences`), `pad_id` after a shorter one.
         constraints: optional `(B, C, L)` int: token sequences every output
             must hold (positive lexical constraints, `pad_id` after a shorter
-            one), found by dynamic beam allocation (`constrained_beam_search`;
-            beam search with the fixed-shape loop; not with `sampling`).
+            one), found by dynamic beam allocation (`beam_search`'s
+            `constraints`; not with `sampling`).
 
     Returns:
         `(B, T)` int32 ids: the best hypothesis without BOS, EOS included,
@@ -139,6 +127,48 @@ def translate_ids(
         With `num_hypotheses=N`: `(ids (B, N, T), scores (B, N))`, best first,
         the scores length-penalized log-probabilities (`beam_search`'s).
     """
+    _check_search(beam_size, num_hypotheses, sampling, seeds, constraints)
+    model, cache, start_ids, buffer_length, search = _start(
+        model, source_ids, max_extra_length, length_ratio, drop_finished
+    )
+    step, cache = _steered(model, cache, start_ids, prefix_ids, banned_ids)
+    if beam_size == 1 and num_hypotheses is None and constraints is None:
+        choose = None if sampling is None else sampler(seeds, *sampling)
+        return greedy_search(step, cache, start_ids, buffer_length, choose=choose, **search)
+    sequences, scores = beam_search(
+        step, cache, start_ids, buffer_length, beam_size=beam_size, alpha=alpha,
+        stopping=stopping, patience=patience, shared=getattr(model, "SOURCE_CACHE", ()),
+        constraints=constraints, **search,
+    )  # fmt: skip
+    if num_hypotheses is not None:
+        return sequences[:, :num_hypotheses], scores[:, :num_hypotheses]
+    return sequences[:, 0]
+
+
+def _start(model, source_ids, max_extra_length, length_ratio, drop_finished):
+    """`(model, cache, start_ids, buffer_length, search settings)` before a search: the
+    model built, the output limits, the cache (growing where rows may leave the loop)."""
+    config = model.config
+    if not model.built:  # build outside the loop: variables created in a trace would leak
+        model.build()
+    source_ids = ops.cast(source_ids, "int32")
+    buffer_length, max_lengths = output_limits(
+        source_ids, max_extra_length, config.max_length, config.pad_id, length_ratio
+    )
+    drop_finished = loop.drops_finished() if drop_finished is None else drop_finished
+    if drop_finished:  # a loop that may change shapes: the cache grows as it is filled
+        from keras_transformer.model import GrowingCache
+
+        model = GrowingCache(model)
+    cache = model.init_cache(source_ids, buffer_length)
+    start_ids = ops.zeros_like(source_ids[:, 0]) + config.bos_id  # (B,)
+    search = dict(max_lengths=max_lengths, eos_id=config.eos_id, pad_id=config.pad_id,
+                  drop_finished=drop_finished)  # fmt: skip
+    return model, cache, start_ids, buffer_length, search
+
+
+def _check_search(beam_size, num_hypotheses, sampling, seeds, constraints):
+    """`ValueError` for settings of `translate_ids` that cannot go together."""
     if sampling is not None and (beam_size != 1 or num_hypotheses is not None or seeds is None):
         raise ValueError(
             "Sampling draws one output per sentence: it needs beam_size=1, no num_hypotheses, "
@@ -151,23 +181,12 @@ def translate_ids(
             f"num_hypotheses must be between 1 and beam_size={beam_size}. "
             f"Received: num_hypotheses={num_hypotheses}"
         )
-    config = model.config
-    if not model.built:  # build outside the loop: variables created in a trace would leak
-        model.build()
-    source_ids = ops.cast(source_ids, "int32")
-    buffer_length, max_lengths = output_limits(
-        source_ids, max_extra_length, config.max_length, config.pad_id, length_ratio
-    )
-    drop_finished = loop.drops_finished() if drop_finished is None else drop_finished
-    drop_finished = drop_finished and constraints is None  # its loop keeps fixed shapes
-    if drop_finished:  # a loop that may change shapes: the cache grows as it is filled
-        from keras_transformer.model import GrowingCache
 
-        model = GrowingCache(model)
-    cache = model.init_cache(source_ids, buffer_length)
-    start_ids = ops.zeros_like(source_ids[:, 0]) + config.bos_id  # (B,)
-    search = dict(max_lengths=max_lengths, eos_id=config.eos_id, pad_id=config.pad_id,
-                  drop_finished=drop_finished)  # fmt: skip
+
+def _steered(model, cache, start_ids, prefix_ids, banned_ids):
+    """`(step function, cache)`: the model's step without PAD and BOS, with the bans
+    and the forced prefix as rules of the step (every search takes them)."""
+    config = model.config
     step = suppress_tokens(model.decode_step, (config.pad_id, config.bos_id))
     if banned_ids is not None:  # inside the prefix: a forced token is taken even if banned
         cache = dict(cache, **ban_init(banned_ids, config.pad_id))
@@ -176,43 +195,14 @@ def translate_ids(
         prefix_ids = ops.cast(prefix_ids, "int32")
         cache = dict(cache, forced_ids=prefix_ids, forced_step=ops.zeros_like(start_ids))
         step = force_prefix(step, config.pad_id)
-    if constraints is not None:
-        sequences, scores = constrained_beam_search(
-            step, cache, start_ids, buffer_length, constraints=constraints,
-            beam_size=beam_size, alpha=alpha, shared=getattr(model, "SOURCE_CACHE", ()),
-            **search,
-        )  # fmt: skip
-        if num_hypotheses is not None:
-            return sequences[:, :num_hypotheses], scores[:, :num_hypotheses]
-        return sequences[:, 0]
-    if beam_size == 1 and num_hypotheses is None:
-        choose = None if sampling is None else sampler(seeds, *sampling)
-        return greedy_search(step, cache, start_ids, buffer_length, choose=choose, **search)
-    sequences, scores = beam_search(
-        step, cache, start_ids, buffer_length, beam_size=beam_size, alpha=alpha,
-        stopping=stopping, patience=patience, shared=getattr(model, "SOURCE_CACHE", ()),
-        **search,
-    )  # fmt: skip
-    if num_hypotheses is not None:
-        return sequences[:, :num_hypotheses], scores[:, :num_hypotheses]
-    return sequences[:, 0]
+    return step, cache
 
 
 def compile_translate_ids(
-    model,
-    beam_size=PAPER.beam_size,
-    alpha=PAPER.alpha,
-    max_extra_length=PAPER.max_extra_length,
-    jit_compile=False,
-    num_hypotheses=None,
-    stopping=PAPER.stopping,
-    patience=PAPER.patience,
-    sampling=None,
-    prefix=False,
-    length_ratio=PAPER.length_ratio,
-    bans=False,
-    constrained=False,
-):
+    model, beam_size=PAPER.beam_size, alpha=PAPER.alpha, max_extra_length=PAPER.max_extra_length,
+    jit_compile=False, num_hypotheses=None, stopping=PAPER.stopping, patience=PAPER.patience,
+    sampling=None, prefix=False, length_ratio=PAPER.length_ratio, bans=False, constrained=False,
+):  # fmt: skip
     """`translate_ids` compiled for the current backend: `fn(source_ids) -> ids`
     (with `num_hypotheses`: `-> (ids, scores)`). With `sampling` (`(temperature,
     top_k)`), `prefix`, `bans` or `constrained`: `fn(source_ids, seeds (B,),
@@ -245,33 +235,9 @@ def compile_translate_ids(
 
     backend = keras.backend.backend()
     if backend == "tensorflow":
-        import tensorflow as tf
-
-        signature = [tf.TensorSpec((None, None), tf.int32, name="source_ids")]
-        if extra:
-            signature += [
-                tf.TensorSpec((None,), tf.int32, name="seeds"),
-                tf.TensorSpec((None, None), tf.int32, name="prefix_ids"),
-                tf.TensorSpec((None, None, None), tf.int32, name="banned_ids"),
-                tf.TensorSpec((None, None, None), tf.int32, name="constraints"),
-            ]
-        return tf.function(
-            run,
-            input_signature=signature,
-            jit_compile=jit_compile,
-            autograph=False,  # the search's loops are explicit `ops` loops
-        )
+        return _tf_function(run, extra, jit_compile)
     if backend == "jax":
-        import jax
-
-        variables = model.variables
-
-        @jax.jit
-        def stateless(values, *inputs):
-            with keras.StatelessScope(state_mapping=list(zip(variables, values, strict=True))):
-                return run(*inputs)
-
-        return lambda *inputs: stateless([v.value for v in variables], *inputs)
+        return _jax_jit(run, model)
     if backend == "torch":
         import torch
 
@@ -281,6 +247,40 @@ def compile_translate_ids(
 
         return no_grad
     return run
+
+
+def _tf_function(run, extra, jit_compile):
+    """`run` as one `tf.function` over int32 inputs of any batch size and length."""
+    import tensorflow as tf
+
+    signature = [tf.TensorSpec((None, None), tf.int32, name="source_ids")]
+    if extra:
+        signature += [
+            tf.TensorSpec((None,), tf.int32, name="seeds"),
+            tf.TensorSpec((None, None), tf.int32, name="prefix_ids"),
+            tf.TensorSpec((None, None, None), tf.int32, name="banned_ids"),
+            tf.TensorSpec((None, None, None), tf.int32, name="constraints"),
+        ]
+    return tf.function(
+        run,
+        input_signature=signature,
+        jit_compile=jit_compile,
+        autograph=False,  # the search's loops are explicit `ops` loops
+    )
+
+
+def _jax_jit(run, model):
+    """`run` under `jax.jit`, the model's variables passed in (stateless)."""
+    import jax
+
+    variables = model.variables
+
+    @jax.jit
+    def stateless(values, *inputs):
+        with keras.StatelessScope(state_mapping=list(zip(variables, values, strict=True))):
+            return run(*inputs)
+
+    return lambda *inputs: stateless([v.value for v in variables], *inputs)
 
 
 def uncached_greedy_search(model, source_ids, max_extra_length=PAPER.max_extra_length, eos_id=None,

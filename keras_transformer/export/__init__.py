@@ -68,15 +68,9 @@ def new_version(output_dir, name):
 
 
 def export_all(
-    work_dir,
-    output_dir="saved_models",
-    name="transformer",
-    version=None,
-    overwrite=False,
-    formats=FORMATS,
-    search=None,
-    opset=None,
-):
+    work_dir, output_dir="saved_models", name="transformer", version=None, overwrite=False,
+    formats=FORMATS, search=None, opset=None,
+):  # fmt: skip
     """Exports the trained model in `work_dir` as a SavedModel and as ONNX graphs.
 
     Args:
@@ -96,21 +90,9 @@ def export_all(
     Returns:
         dict format -> the directory written.
     """
-    unknown = sorted(set(formats) - set(FORMATS))
-    if unknown or not formats:
-        raise ValueError(f"formats must be a non-empty subset of {FORMATS}. Received: {formats}")
-    if not name or os.sep in name or name.startswith("."):
-        raise ValueError(f"name must be a plain directory name. Received: name={name!r}")
+    _check_request(formats, name)
     search = SearchConfig.from_dict(search)
     check_work_dir(work_dir)  # fail before any slow import
-    if "ctranslate2" in formats:
-        import importlib.util
-
-        if importlib.util.find_spec("ctranslate2") is None:
-            raise ValueError(
-                "The ctranslate2 format needs the ctranslate2 package: "
-                "`pip install -e '.[ctranslate2]'` in the clone (or `pip install ctranslate2`)."
-            )
     if version is None:  # one new version number for every format
         version = new_version(output_dir, name)
     version = check_version(version)
@@ -123,28 +105,50 @@ def export_all(
                 "Pass overwrite=True (`--overwrite`) to replace it, or leave `version` unset "
                 "to export a new version."
             )
-
     model, tokenizer, _ = load_work_dir(work_dir)
     vocabulary = workdir.WorkDir(work_dir).vocabulary
     with atomic_directories(paths, overwrite=overwrite) as staging:  # every format or none
-        # ONNX first: tf2onnx's conversion is the export's peak; run first, it does not
-        # sit on what the SavedModel's tracing leaves behind.
-        if "onnx" in paths:
-            from keras_transformer.export.onnx_graphs import DEFAULT_OPSET, export_onnx
-
-            export_onnx(model, vocabulary, staging["onnx"], opset=opset or DEFAULT_OPSET,
-                        search=search.to_dict())  # fmt: skip
-        if "saved_model" in paths:
-            from keras_transformer.export.saved_model import export_saved_model
-
-            export_saved_model(model, tokenizer, staging["saved_model"], **search.to_dict())
-        if "ctranslate2" in paths:
-            from keras_transformer.export.ctranslate2 import export as export_ctranslate2
-
-            export_ctranslate2(model, vocabulary, staging["ctranslate2"], search=search.to_dict())
+        _write(staging, model, tokenizer, vocabulary, search.to_dict(), opset)
     for format_name, path in paths.items():
         logger.info("%s written to %s", _TITLES[format_name], path)
     return paths
+
+
+def _check_request(formats, name):
+    """`ValueError` for unknown formats, a name that is no plain folder name, or the
+    ctranslate2 format without its package, before anything slow is imported."""
+    unknown = sorted(set(formats) - set(FORMATS))
+    if unknown or not formats:
+        raise ValueError(f"formats must be a non-empty subset of {FORMATS}. Received: {formats}")
+    if not name or os.sep in name or name.startswith("."):
+        raise ValueError(f"name must be a plain directory name. Received: name={name!r}")
+    if "ctranslate2" in formats:
+        import importlib.util
+
+        if importlib.util.find_spec("ctranslate2") is None:
+            raise ValueError(
+                "The ctranslate2 format needs the ctranslate2 package: "
+                "`pip install -e '.[ctranslate2]'` in the clone (or `pip install ctranslate2`)."
+            )
+
+
+def _write(staging, model, tokenizer, vocabulary, search, opset):
+    """Each format of `staging` (format -> folder) written there."""
+    # ONNX first: tf2onnx's conversion is the export's peak; run first, it does not
+    # sit on what the SavedModel's tracing leaves behind.
+    if "onnx" in staging:
+        from keras_transformer.export.onnx_graphs import DEFAULT_OPSET, export_onnx
+
+        export_onnx(model, vocabulary, staging["onnx"], opset=opset or DEFAULT_OPSET,
+                    search=search)  # fmt: skip
+    if "saved_model" in staging:
+        from keras_transformer.export.saved_model import export_saved_model
+
+        export_saved_model(model, tokenizer, staging["saved_model"], **search)
+    if "ctranslate2" in staging:
+        from keras_transformer.export.ctranslate2 import export as export_ctranslate2
+
+        export_ctranslate2(model, vocabulary, staging["ctranslate2"], search=search)
 
 
 def default_name(run_info):

@@ -57,6 +57,7 @@ B, S and T are dynamic; L (layers), N (heads), H (head size) are fixed.
 """
 
 import dataclasses
+import functools
 import gc
 import json
 import logging
@@ -178,46 +179,57 @@ def search_function(model, beam_sizes=(1, 4), stopping=PAPER.stopping, patience=
         tf.TensorSpec([], tf.float32, name="alpha"),
         tf.TensorSpec([], tf.int32, name="max_extra_length"),
     ]
+    searches = functools.partial(
+        _searches, model, tuple(beam_sizes),
+        dict(stopping=stopping, patience=patience, length_ratio=length_ratio),
+    )  # fmt: skip
+    if steering:
+        return _steered_search(searches, signature, beam_sizes)
 
-    def searches(source_ids, beam_size, alpha, max_extra_length):
-        """`select(sizes, **steering)`: the search of `beam_size` among `sizes`."""
-        alpha = tf.maximum(alpha, 0.0)
-        max_extra_length = tf.maximum(max_extra_length, 0)
+    @tf.function(input_signature=signature, autograph=False)
+    def search(source_ids, beam_size, alpha, max_extra_length):
+        select, _ = searches(source_ids, beam_size, alpha, max_extra_length)
+        return {"target_ids": select(tuple(beam_sizes))}
 
-        def branch(k, **steering):
-            return lambda: translate_ids(
-                model, source_ids, k, alpha, max_extra_length, stopping=stopping,
-                patience=patience, length_ratio=length_ratio, **steering,
-            )  # fmt: skip
+    return search
 
-        def refuse():
-            # ONNX has no assert: an out-of-range Gather fails in ONNX Runtime with this
-            # node's name in its message; TensorFlow fails at the Assert first.
-            message = f"beam_size must be one of the exported beam sizes {list(beam_sizes)}"
-            assertion = tf.debugging.Assert(False, [message + ". Received:", beam_size])
-            with tf.control_dependencies([assertion]):
-                index = tf.reshape(beam_size, [1]) + 1_000_000
-            name = "beam_size_must_be_one_of_" + "_or_".join(map(str, beam_sizes))
-            return tf.gather(tf.zeros([1, 1], tf.int32), index, name=name)  # (1, 1), never
 
-        def select(sizes, **steering):  # nested conditionals: only the chosen search runs
-            if not sizes:
-                return refuse()
-            return tf.cond(tf.equal(beam_size, sizes[0]), branch(sizes[0], **steering),
-                           lambda: select(sizes[1:], **steering))  # fmt: skip
+def _searches(model, beam_sizes, rule, source_ids, beam_size, alpha, max_extra_length):
+    """`(select, branch)`: `select(sizes, **steering)` runs the search of `beam_size`
+    among `sizes` (nested conditionals: only the chosen search runs); `branch(k,
+    **steering)` is the search of beam size k."""
+    alpha = tf.maximum(alpha, 0.0)
+    max_extra_length = tf.maximum(max_extra_length, 0)
 
-        return select, branch
+    def branch(k, **steering):
+        return lambda: translate_ids(
+            model, source_ids, k, alpha, max_extra_length, **rule, **steering
+        )
 
-    if not steering:
+    def select(sizes, **steering):
+        if not sizes:
+            return _refuse(beam_size, beam_sizes)
+        return tf.cond(tf.equal(beam_size, sizes[0]), branch(sizes[0], **steering),
+                       lambda: select(sizes[1:], **steering))  # fmt: skip
 
-        @tf.function(input_signature=signature, autograph=False)
-        def search(source_ids, beam_size, alpha, max_extra_length):
-            select, _ = searches(source_ids, beam_size, alpha, max_extra_length)
-            return {"target_ids": select(tuple(beam_sizes))}
+    return select, branch
 
-        return search
 
-    signature += [
+def _refuse(beam_size, beam_sizes):
+    """A beam size not exported: ONNX has no assert, so an out-of-range Gather fails in
+    ONNX Runtime with this node's name in its message; TensorFlow fails at the Assert
+    first."""
+    message = f"beam_size must be one of the exported beam sizes {list(beam_sizes)}"
+    assertion = tf.debugging.Assert(False, [message + ". Received:", beam_size])
+    with tf.control_dependencies([assertion]):
+        index = tf.reshape(beam_size, [1]) + 1_000_000
+    name = "beam_size_must_be_one_of_" + "_or_".join(map(str, beam_sizes))
+    return tf.gather(tf.zeros([1, 1], tf.int32), index, name=name)  # (1, 1), never
+
+
+def _steered_search(searches, signature, beam_sizes):
+    """translate_steered.onnx's `tf.function`: the search's inputs and the steering's."""
+    signature = signature + [
         tf.TensorSpec([None, None], tf.int32, name="prefix_ids"),
         tf.TensorSpec([None, None, None], tf.int32, name="banned_ids"),
         tf.TensorSpec([None], tf.int32, name="sentence_seeds"),

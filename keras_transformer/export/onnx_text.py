@@ -240,19 +240,7 @@ def text_to_text(search, vocab_model, max_length, eos_id, pad_id=0, defaults=Non
     """
     defaults = dict(defaults or {})
     graph = search.graph
-    names = [i.name for i in graph.input]
-    if "source_ids" not in names or [o.name for o in graph.output] != ["target_ids"]:
-        raise ValueError(
-            "search must map `source_ids` to `target_ids`. Received: inputs="
-            f"{names}, outputs={[o.name for o in graph.output]}"
-        )
-    steered = [name for name in names if name in STEERING]
-    if steered and len(steered) != len(STEERING):
-        raise ValueError(f"search must take all of {sorted(STEERING)} or none. Received: {names}")
-    missing = sorted(set(names) - {"source_ids"} - set(STEERING) - set(defaults))
-    if missing:
-        raise ValueError(f"defaults must give a value for every other input. Missing: {missing}")
-
+    steered = _check_search_graph(graph, defaults)
     n = _Nodes("text")
     blank = _is_blank(n, "sentences")
     head = n.nodes
@@ -265,7 +253,6 @@ def text_to_text(search, vocab_model, max_length, eos_id, pad_id=0, defaults=Non
     translations = _detokenize(n, "target_ids", vocab_model, eos_id)
     n.op("Where", [blank, n.const("", TensorProto.STRING, "empty_text"), translations],
          outputs=["translations"])  # fmt: skip
-
     inputs = [helper.make_tensor_value_info("sentences", TensorProto.STRING, ["batch"])]
     inputs += [i for i in graph.input if i.name != "source_ids" and i.name not in STEERING]
     default_tensors = [
@@ -284,14 +271,36 @@ def text_to_text(search, vocab_model, max_length, eos_id, pad_id=0, defaults=Non
         list(graph.initializer) + n.initializers + default_tensors,
         value_info=list(graph.value_info),
     )
+    return _model(wrapped, search)
+
+
+def _check_search_graph(graph, defaults):
+    """Whether the search graph takes the steering inputs; `ValueError` naming what is
+    wrong with its inputs and outputs."""
+    names = [i.name for i in graph.input]
+    if "source_ids" not in names or [o.name for o in graph.output] != ["target_ids"]:
+        raise ValueError(
+            "search must map `source_ids` to `target_ids`. Received: inputs="
+            f"{names}, outputs={[o.name for o in graph.output]}"
+        )
+    steered = [name for name in names if name in STEERING]
+    if steered and len(steered) != len(STEERING):
+        raise ValueError(f"search must take all of {sorted(STEERING)} or none. Received: {names}")
+    missing = sorted(set(names) - {"source_ids"} - set(STEERING) - set(defaults))
+    if missing:
+        raise ValueError(f"defaults must give a value for every other input. Missing: {missing}")
+    return bool(steered)
+
+
+def _model(wrapped, search):
+    """The `ModelProto` of the wrapped graph, with the opsets its nodes use."""
     # The domains the nodes use (tf2onnx also declares ai.onnx.ml, which none uses).
     used = {node.domain for g in _graphs(wrapped) for node in g.node} | {""}
     opsets = {o.domain: o.version for o in search.opset_import if o.domain in used}
     opsets[CONTRIB] = 1
-    model = helper.make_model(
+    return helper.make_model(
         wrapped,
         opset_imports=[helper.make_opsetid(domain, version) for domain, version in opsets.items()],
         producer_name="keras_transformer",
         ir_version=search.ir_version,
     )
-    return model

@@ -120,16 +120,10 @@ def decode_ids(tokenizer, target_ids, eos_id):
 
 
 def export_saved_model(
-    model,
-    tokenizer,
-    export_dir,
-    beam_size=PAPER.beam_size,
-    alpha=PAPER.alpha,
-    max_extra_length=PAPER.max_extra_length,
-    stopping=PAPER.stopping,
-    patience=PAPER.patience,
+    model, tokenizer, export_dir, beam_size=PAPER.beam_size, alpha=PAPER.alpha,
+    max_extra_length=PAPER.max_extra_length, stopping=PAPER.stopping, patience=PAPER.patience,
     length_ratio=PAPER.length_ratio,
-):
+):  # fmt: skip
     """Writes the four signatures of a `Transformer` and its tokenizer to `export_dir`.
 
     Args:
@@ -144,51 +138,12 @@ def export_saved_model(
             "SavedModel export needs KERAS_BACKEND=tensorflow. "
             f"Received: backend={keras.backend.backend()!r}"
         )
-    config = model.config
     settings = SearchConfig(
         beam_size, alpha, max_extra_length, stopping, patience, length_ratio
     ).to_dict()
     search = {key: value for key, value in settings.items() if key != "beam_size"}
     tokenizer.build(None)  # the SentencePiece op must exist before tracking
-
-    def text_to_text(beam):
-        def translate(sentences):
-            # Signatures do not check ranks: refuse [["a", "b"]] instead of translating it.
-            sentences = tf.ensure_shape(sentences, [None])
-            source_ids = encode_sentences(
-                tokenizer, sentences, config.max_length, config.eos_id, config.pad_id
-            )
-            target_ids = translate_ids(model, source_ids, beam, **search)
-            translations = decode_ids(tokenizer, target_ids, config.eos_id)
-            # As `Translator`: a blank sentence translates to "".
-            return {"translations": tf.where(is_blank(sentences), "", translations)}
-
-        return translate
-
-    def ids_to_ids(beam):
-        def translate(source_ids):
-            source_ids = tf.cast(source_ids[:, : config.max_length], tf.int32)
-            source_ids = at_least_one_column(source_ids, config.pad_id)
-            return {"target_ids": translate_ids(model, source_ids, beam, **search)}
-
-        return translate
-
-    def steered(sentences, target_prefix, banned, seeds, sampling_topk, sampling_temperature):
-        sentences = tf.ensure_shape(sentences, [None])
-        source_ids = encode_sentences(
-            tokenizer, sentences, config.max_length, config.eos_id, config.pad_id
-        )
-        prefix_ids = encode_phrases(tokenizer, target_prefix, config.pad_id)  # (B, P)
-        shape = tf.shape(banned)  # (B, N)
-        banned_ids = encode_phrases(tokenizer, tf.reshape(banned, [-1]), config.pad_id)
-        banned_ids = tf.reshape(banned_ids, [shape[0], shape[1], tf.shape(banned_ids)[1]])
-        target_ids = steered_ids(
-            model, source_ids, beam_size, prefix_ids, banned_ids, seeds, sampling_topk,
-            sampling_temperature, **search,
-        )  # fmt: skip
-        translations = decode_ids(tokenizer, target_ids, config.eos_id)
-        return {"translations": tf.where(is_blank(sentences), "", translations)}
-
+    signatures = _Signatures(model, tokenizer, search, beam_size)
     text = [tf.TensorSpec([None], tf.string, name="sentences")]
     ids = [tf.TensorSpec([None, None], tf.int32, name="source_ids")]
     steering = text + [
@@ -201,11 +156,11 @@ def export_saved_model(
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.track(tokenizer)
-    archive.add_endpoint("serving_default", text_to_text(beam_size), input_signature=text)
-    archive.add_endpoint("translate_greedy", text_to_text(1), input_signature=text)
-    archive.add_endpoint("translate_ids", ids_to_ids(beam_size), input_signature=ids)
-    archive.add_endpoint("greedy_ids", ids_to_ids(1), input_signature=ids)
-    archive.add_endpoint("translate_steered", steered, input_signature=steering)
+    archive.add_endpoint("serving_default", signatures.text_to_text(beam_size), text)
+    archive.add_endpoint("translate_greedy", signatures.text_to_text(1), text)
+    archive.add_endpoint("translate_ids", signatures.ids_to_ids(beam_size), ids)
+    archive.add_endpoint("greedy_ids", signatures.ids_to_ids(1), ids)
+    archive.add_endpoint("translate_steered", signatures.steered, steering)
     archive.write_out(export_dir, verbose=False)
     # assets.extra/ is TF Serving's place for files next to a SavedModel; it ignores them.
     os.makedirs(os.path.join(export_dir, "assets.extra"), exist_ok=True)
@@ -213,3 +168,55 @@ def export_saved_model(
         json.dump({"search": settings, "signatures": SIGNATURES, "model": model.get_config()},
                   f, indent=2)  # fmt: skip
     return export_dir
+
+
+class _Signatures:
+    """The SavedModel's functions over one model, tokenizer and search."""
+
+    def __init__(self, model, tokenizer, search, beam_size):
+        self.model, self.tokenizer, self.search = model, tokenizer, search
+        self.config, self.beam_size = model.config, beam_size
+
+    def _source_ids(self, sentences):
+        config = self.config
+        return encode_sentences(
+            self.tokenizer, sentences, config.max_length, config.eos_id, config.pad_id
+        )
+
+    def text_to_text(self, beam):
+        def translate(sentences):
+            # Signatures do not check ranks: refuse [["a", "b"]] instead of translating it.
+            sentences = tf.ensure_shape(sentences, [None])
+            source_ids = self._source_ids(sentences)
+            target_ids = translate_ids(self.model, source_ids, beam, **self.search)
+            translations = decode_ids(self.tokenizer, target_ids, self.config.eos_id)
+            # As `Translator`: a blank sentence translates to "".
+            return {"translations": tf.where(is_blank(sentences), "", translations)}
+
+        return translate
+
+    def ids_to_ids(self, beam):
+        config = self.config
+
+        def translate(source_ids):
+            source_ids = tf.cast(source_ids[:, : config.max_length], tf.int32)
+            source_ids = at_least_one_column(source_ids, config.pad_id)
+            return {"target_ids": translate_ids(self.model, source_ids, beam, **self.search)}
+
+        return translate
+
+    def steered(self, sentences, target_prefix, banned, seeds, sampling_topk,
+                sampling_temperature):  # fmt: skip
+        tokenizer, config = self.tokenizer, self.config
+        sentences = tf.ensure_shape(sentences, [None])
+        source_ids = self._source_ids(sentences)
+        prefix_ids = encode_phrases(tokenizer, target_prefix, config.pad_id)  # (B, P)
+        shape = tf.shape(banned)  # (B, N)
+        banned_ids = encode_phrases(tokenizer, tf.reshape(banned, [-1]), config.pad_id)
+        banned_ids = tf.reshape(banned_ids, [shape[0], shape[1], tf.shape(banned_ids)[1]])
+        target_ids = steered_ids(
+            self.model, source_ids, self.beam_size, prefix_ids, banned_ids, seeds,
+            sampling_topk, sampling_temperature, **self.search,
+        )  # fmt: skip
+        translations = decode_ids(tokenizer, target_ids, config.eos_id)
+        return {"translations": tf.where(is_blank(sentences), "", translations)}

@@ -162,27 +162,7 @@ class MultiHeadAttention(FromKerasAttention, IncrementalAttention, keras.layers.
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if num_heads is None or num_heads <= 0:
-            raise ValueError(f"num_heads must be a positive int. Received: num_heads={num_heads}")
-        if key_dim is None:
-            if d_model is None:
-                raise ValueError(
-                    "MultiHeadAttention needs d_model (heads of d_model / num_heads) or key_dim. "
-                    "Received: d_model=None, key_dim=None"
-                )
-            if d_model % num_heads != 0:
-                raise ValueError(
-                    f"d_model={d_model} must be divisible by num_heads={num_heads} "
-                    "(Keras's positional order is (num_heads, key_dim): name them)"
-                )
-            key_dim = d_model // num_heads
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1). Received: dropout={dropout}")
-        if attention_axes not in _SEQUENCE_AXES:
-            raise ValueError(
-                "Only attention over the sequence axis of (B, T, D) inputs is built "
-                f"(attention_axes=None or 1). Received: attention_axes={attention_axes}"
-            )
+        key_dim = _check_arguments(d_model, num_heads, key_dim, dropout, attention_axes)
         if isinstance(output_shape, int):
             output_shape = (output_shape,)
         self.d_model = d_model
@@ -205,7 +185,13 @@ class MultiHeadAttention(FromKerasAttention, IncrementalAttention, keras.layers.
         self.bias_constraint = keras.constraints.get(bias_constraint)
         self.seed = seed
         self.supports_masking = True
+        self._create_sublayers()
 
+    def _create_sublayers(self):
+        """Creates the projections (the output one in `build` where it takes the
+        query's size) and the attention dropout: saved weights depend on their
+        names and on this order (query, key, value, output)."""
+        num_heads, key_dim = self.num_heads, self.key_dim
         # (B, T, D) -> (B, T, N, H)
         self.query_dense = self._projection("query", "btd,dnh->btnh", (None, num_heads, key_dim))
         self.key_dense = self._projection("key", "bsd,dnh->bsnh", (None, num_heads, key_dim))
@@ -215,10 +201,11 @@ class MultiHeadAttention(FromKerasAttention, IncrementalAttention, keras.layers.
         # (B, T, N, H_v) -> (B, T, D_out); without d_model or output_shape, D_out is the
         # query's size, known in `build` (as in Keras).
         self.output_dense = None
+        d_model = self.d_model
         output_dims = self._output_shape or ((d_model,) if d_model is not None else None)
         if output_dims is not None:
             self.output_dense = self._output_projection(output_dims)
-        self.dropout_layer = Dropout(dropout, seed=seed, dtype=self.dtype_policy)
+        self.dropout_layer = Dropout(self.dropout, seed=self.seed, dtype=self.dtype_policy)
 
     def _projection(self, name, equation, output_shape):
         """A `HeadDense` with this layer's initializers, regularizers and constraints."""
@@ -450,6 +437,33 @@ class MultiHeadAttention(FromKerasAttention, IncrementalAttention, keras.layers.
             }
         )
         return config
+
+
+def _check_arguments(d_model, num_heads, key_dim, dropout, attention_axes):
+    """Checks `MultiHeadAttention`'s sizes, dropout and attention axes; returns
+    the size of a query head, `key_dim` or else `d_model / num_heads`."""
+    if num_heads is None or num_heads <= 0:
+        raise ValueError(f"num_heads must be a positive int. Received: num_heads={num_heads}")
+    if key_dim is None:
+        if d_model is None:
+            raise ValueError(
+                "MultiHeadAttention needs d_model (heads of d_model / num_heads) or key_dim. "
+                "Received: d_model=None, key_dim=None"
+            )
+        if d_model % num_heads != 0:
+            raise ValueError(
+                f"d_model={d_model} must be divisible by num_heads={num_heads} "
+                "(Keras's positional order is (num_heads, key_dim): name them)"
+            )
+        key_dim = d_model // num_heads
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1). Received: dropout={dropout}")
+    if attention_axes not in _SEQUENCE_AXES:
+        raise ValueError(
+            "Only attention over the sequence axis of (B, T, D) inputs is built "
+            f"(attention_axes=None or 1). Received: attention_axes={attention_axes}"
+        )
+    return key_dim
 
 
 def _clone(initializer):

@@ -99,6 +99,16 @@ class TransformerBlock(keras.layers.Layer):
         - An `activation` other than "relu" is refused: `FeedForward` in
           these blocks is the paper's ReLU network.
         """
+        cls._check_keras_hub_layer(layer)
+        block = cls(**(_keras_hub_arguments(layer) | kwargs))
+        block._build_like(layer)
+        block._copy_keras_hub_weights(layer)
+        return block
+
+    @classmethod
+    def _check_keras_hub_layer(cls, layer):
+        """Refuses what `from_keras` cannot copy: another class, an unbuilt layer,
+        an activation other than ReLU."""
         expected = cls.KERAS_HUB_CLASS
         names = {f"{k.__module__.split('.')[0]}.{k.__name__}" for k in type(layer).__mro__}
         if f"keras_hub.{expected}" not in names:
@@ -115,33 +125,21 @@ class TransformerBlock(keras.layers.Layer):
                 f"{cls.__name__} has a ReLU feed-forward network. Received: "
                 f"activation={keras.activations.serialize(layer.activation)}"
             )
-        self_attention = layer._self_attention_layer
-        arguments = dict(
-            d_model=self_attention.query_dense.kernel.shape[0],
-            num_heads=layer.num_heads,
-            d_ff=layer.intermediate_dim,
-            dropout=layer.dropout,
-            attention_dropout=layer.dropout,
-            norm_first=layer.normalize_first,
-            layer_norm_epsilon=layer.layer_norm_epsilon,
-            dtype=layer.dtype_policy,
-            name=layer.name,
-        )
-        block = cls(**(arguments | kwargs))
-        block._build_like(layer)
-        block.self_attention.copy_weights_from(self_attention)
+
+    def _copy_keras_hub_weights(self, layer):
+        """Sets this built block's weights to those of the keras-hub `layer`."""
+        self.self_attention.copy_weights_from(layer._self_attention_layer)
         pairs = [
-            (block.self_attention_norm, layer._self_attention_layer_norm),
-            (block.feed_forward.inner_dense, layer._feedforward_intermediate_dense),
-            (block.feed_forward.output_dense, layer._feedforward_output_dense),
-            (block.feed_forward_norm, layer._feedforward_layer_norm),
+            (self.self_attention_norm, layer._self_attention_layer_norm),
+            (self.feed_forward.inner_dense, layer._feedforward_intermediate_dense),
+            (self.feed_forward.output_dense, layer._feedforward_output_dense),
+            (self.feed_forward_norm, layer._feedforward_layer_norm),
         ]
         if getattr(layer, "_cross_attention_layer", None) is not None:
-            block.cross_attention.copy_weights_from(layer._cross_attention_layer)
-            pairs.append((block.cross_attention_norm, layer._cross_attention_layer_norm))
+            self.cross_attention.copy_weights_from(layer._cross_attention_layer)
+            pairs.append((self.cross_attention_norm, layer._cross_attention_layer_norm))
         for mine, theirs in pairs:
             mine.set_weights(theirs.get_weights())
-        return block
 
     def _build_like(self, layer):
         """Builds this block with the input shapes of the built keras-hub `layer`."""
@@ -162,6 +160,21 @@ class TransformerBlock(keras.layers.Layer):
             }
         )
         return config
+
+
+def _keras_hub_arguments(layer):
+    """The block arguments of a keras-hub block: its one `dropout` for both of ours."""
+    return dict(
+        d_model=layer._self_attention_layer.query_dense.kernel.shape[0],
+        num_heads=layer.num_heads,
+        d_ff=layer.intermediate_dim,
+        dropout=layer.dropout,
+        attention_dropout=layer.dropout,
+        norm_first=layer.normalize_first,
+        layer_norm_epsilon=layer.layer_norm_epsilon,
+        dtype=layer.dtype_policy,
+        name=layer.name,
+    )
 
 
 def layer_norm(epsilon, dtype, name):

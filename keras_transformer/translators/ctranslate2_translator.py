@@ -77,6 +77,42 @@ def import_ctranslate2():
     return ctranslate2
 
 
+def _search_settings(
+    beam_size, alpha, patience, num_hypotheses, sampling_topk, sampling_temperature
+):
+    """`translate_batch`'s search options; sampling runs with `beam_size=1`, and
+    `num_hypotheses` (checked against that beam size) asks for scores too."""
+    settings = dict(
+        beam_size=beam_size,
+        length_penalty=alpha,
+        patience=patience,
+        min_decoding_length=1,
+        max_input_length=0,
+    )
+    if sampling_topk != 1:
+        settings.update(beam_size=1, sampling_topk=sampling_topk,
+                        sampling_temperature=sampling_temperature)  # fmt: skip
+        beam_size = 1
+    if num_hypotheses is not None:
+        if not isinstance(num_hypotheses, int) or not 1 <= num_hypotheses <= beam_size:
+            raise ValueError(
+                f"num_hypotheses must be between 1 and beam_size={beam_size}. "
+                f"Received: num_hypotheses={num_hypotheses!r}"
+            )
+        settings.update(num_hypotheses=num_hypotheses, return_scores=True)
+    return settings
+
+
+def _call_groups(limits, banned, one_call):
+    """`{(limit, bans): source indices}`: the sources that can share one
+    `translate_batch` call (the longest limit for all with `one_call`)."""
+    bans = [()] * len(limits) if banned is None else [tuple(map(tuple, b)) for b in banned]
+    groups = {}
+    for i, limit in enumerate(limits):
+        groups.setdefault((max(limits) if one_call else limit, bans[i]), []).append(i)
+    return groups
+
+
 class CTranslate2Translator:
     """Translates with a CTranslate2 export (`python -m keras_transformer.export --formats
     ctranslate2`).
@@ -211,33 +247,21 @@ class CTranslate2Translator:
         # tokens, EOS included on both sides, at most max_length (`search.output_limit`).
         limits = [min(output_limit(len(s), length_ratio, max_extra_length),
                       self.info["max_length"]) for s in sources]  # fmt: skip
-        settings = dict(
-            beam_size=beam_size,
-            length_penalty=alpha,
-            patience=patience,
-            min_decoding_length=1,
-            max_input_length=0,
-        )
-        if sampling_topk != 1:
-            settings.update(beam_size=1, sampling_topk=sampling_topk,
-                            sampling_temperature=sampling_temperature)  # fmt: skip
-            beam_size = 1
-        if num_hypotheses is not None:
-            if not isinstance(num_hypotheses, int) or not 1 <= num_hypotheses <= beam_size:
-                raise ValueError(
-                    f"num_hypotheses must be between 1 and beam_size={beam_size}. "
-                    f"Received: num_hypotheses={num_hypotheses!r}"
-                )
-            settings.update(num_hypotheses=num_hypotheses, return_scores=True)
+        settings = _search_settings(beam_size, alpha, patience, num_hypotheses, sampling_topk,
+                                    sampling_temperature)  # fmt: skip
         # One limit per call in CTranslate2. Greedy: the prefix does not depend on it,
         # so one call and each output cut to its own limit give the package's output.
         # Beam: a limit changes the search, so each limit gets its own call and an
         # output never depends on the other sentences of its batch.
-        one_call = beam_size == 1 or not exact_limits
-        bans = [()] * len(sources) if banned is None else [tuple(map(tuple, b)) for b in banned]
-        groups = {}
-        for i, limit in enumerate(limits):
-            groups.setdefault((max(limits) if one_call else limit, bans[i]), []).append(i)
+        one_call = settings["beam_size"] == 1 or not exact_limits
+        groups = _call_groups(limits, banned, one_call)
+        return self._translate_groups(sources, limits, groups, settings, target_prefix)
+
+    def _translate_groups(self, sources, limits, groups, settings, target_prefix):
+        """One `translate_batch` call per group of `_call_groups`, each output cut to
+        its own limit: piece lists, or `(piece lists, scores)` where `settings`
+        (`_search_settings`'s) ask for `num_hypotheses`."""
+        num_hypotheses = settings.get("num_hypotheses")
         outputs = [None] * len(sources)
         for (limit, ban), members in groups.items():
             extra = {}

@@ -47,6 +47,21 @@ def _phrases_array(phrases, batch, pad_id):
     return array
 
 
+def _sampling(sampling_topk, sampling_temperature, num_hypotheses, return_scores):
+    """`(temperature, top-k)` of `Translator.translate`'s sampling, checked; None
+    for a search (`sampling_topk=1`)."""
+    if sampling_topk == 1:
+        return None
+    if num_hypotheses is not None or return_scores:
+        raise ValueError(
+            "Sampling draws one output per sentence, without scores: leave "
+            "num_hypotheses and return_scores out with sampling_topk != 1."
+        )
+    sampling = (float(sampling_temperature), sampling_topk)
+    sampler(None, *sampling)  # checks the two settings
+    return sampling
+
+
 class Translator:
     """Translates sentences with a `Transformer` and its SentencePiece tokenizer.
 
@@ -262,16 +277,14 @@ class Translator:
         """
         if glossary is not None:
             sentences = self._annotated(sentences, glossary)
-        sampling = None
-        if sampling_topk != 1:
-            if num_hypotheses is not None or return_scores:
-                raise ValueError(
-                    "Sampling draws one output per sentence, without scores: leave "
-                    "num_hypotheses and return_scores out with sampling_topk != 1."
-                )
-            sampling = (float(sampling_temperature), sampling_topk)
-            sampler(None, *sampling)  # checks the two settings
+        sampling = _sampling(sampling_topk, sampling_temperature, num_hypotheses, return_scores)
         source_ids = self.encode(sentences)
+        extras = self._extras(source_ids, sampling, target_prefix, banned, constraints, seed)
+        return self._translations(source_ids, extras, num_hypotheses, return_scores, progress)
+
+    def _extras(self, source_ids, sampling, target_prefix, banned, constraints, seed):
+        """`_search_with`'s `(sampling, prefixes, seeds, banned, constraints)`, the
+        prefixes and phrases as piece ids; None where none is asked for."""
         prefixes = self._prefix_ids(target_prefix, len(source_ids))
         if constraints is not None and sampling is not None:
             raise ValueError("Positive constraints need a search: leave out sampling_topk.")
@@ -281,9 +294,12 @@ class Translator:
         ]
         if sampling is not None or prefixes is not None or any(p is not None for p in phrases):
             seeds = steering_seeds(seed, len(source_ids))
-            extras = (sampling, prefixes, seeds, *phrases)
-        else:
-            extras = None
+            return (sampling, prefixes, seeds, *phrases)
+        return None
+
+    def _translations(self, source_ids, extras, num_hypotheses, return_scores, progress):
+        """`translate`'s outputs for the source ids: strings, or lists of N and/or
+        `(translation, score)` tuples (`extras`: `_extras`'s)."""
         if num_hypotheses is None and not return_scores:
             if extras is None:
                 return self.decode(self.translate_ids(source_ids, progress=progress))

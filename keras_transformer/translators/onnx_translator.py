@@ -32,6 +32,30 @@ GRAPH = "translate.onnx"
 PRECISIONS = ("float32", "int8")
 
 
+def _read_export(export_dir, precision):
+    """`(config.json's contents, path of the graph to run)` of the ONNX export
+    `export_dir`: translate.onnx, or its int8 graph for `precision="int8"`."""
+    config_path = os.path.join(export_dir, "config.json")
+    path = os.path.join(export_dir, GRAPH)
+    missing = [p for p in (path, config_path) if not os.path.isfile(p)]
+    if missing:
+        raise FileNotFoundError(
+            f"{export_dir!r} is not an ONNX export with {GRAPH}: missing {missing}. "
+            "Export one with `python export/onnx_model.py --work-dir work`."
+        )
+    with open(config_path) as f:
+        config = json.load(f)
+    if precision == "int8":
+        int8 = config["translate"].get("int8")
+        if int8 is None or not os.path.isfile(os.path.join(export_dir, int8["graph"])):
+            raise FileNotFoundError(
+                f"{export_dir!r} has no int8 graph (translate_int8.onnx): it was exported "
+                "by an older version. Export the work directory again."
+            )
+        path = os.path.join(export_dir, int8["graph"])
+    return config, path
+
+
 class OnnxTranslator:
     """Translates sentences with an ONNX export's `translate.onnx` on ONNX Runtime.
 
@@ -78,24 +102,7 @@ class OnnxTranslator:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}. Received: {precision!r}")
         export_dir = frontend.newest_version(export_dir)  # saved_models/NAME/onnx: the newest
-        config_path = os.path.join(export_dir, "config.json")
-        path = os.path.join(export_dir, GRAPH)
-        missing = [p for p in (path, config_path) if not os.path.isfile(p)]
-        if missing:
-            raise FileNotFoundError(
-                f"{export_dir!r} is not an ONNX export with {GRAPH}: missing {missing}. "
-                "Export one with `python export/onnx_model.py --work-dir work`."
-            )
-        with open(config_path) as f:
-            config = json.load(f)
-        if precision == "int8":
-            int8 = config["translate"].get("int8")
-            if int8 is None or not os.path.isfile(os.path.join(export_dir, int8["graph"])):
-                raise FileNotFoundError(
-                    f"{export_dir!r} has no int8 graph (translate_int8.onnx): it was exported "
-                    "by an older version. Export the work directory again."
-                )
-            path = os.path.join(export_dir, int8["graph"])
+        config, path = _read_export(export_dir, precision)
         self.precision = precision
         self.vocabulary = os.path.join(export_dir, "vocab.model")  # where the glossary tags are
         self.config = config["model"]
@@ -118,6 +125,11 @@ class OnnxTranslator:
             beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length
         )
         self._feeds()  # checks the beam size before the session is built
+        self._create_session(path, providers, intra_op_num_threads)
+
+    def _create_session(self, path, providers, intra_op_num_threads):
+        """Creates the ONNX Runtime session of the graph at `path`, with the SentencePiece ops;
+        the steered graph's session is created at its first use (`steered_session`)."""
         if "tensorflow" in sys.modules:
             raise RuntimeError(
                 "OnnxTranslator cannot run in a process that has imported TensorFlow: "
