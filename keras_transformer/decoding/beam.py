@@ -158,8 +158,10 @@ def beam_search(
     drop = loop.drops_finished() if drop_finished is None else drop_finished
     start_ids = ops.cast(start_ids, "int32")
     max_lengths = _check_limits(max_length, max_lengths, start_ids)  # (B,)
-    output, state = _initial(cache, start_ids, max_length, max_lengths, shared, constraints, rules)
-    step = functools.partial(_step, tokens_to_logits, shared, rules, _rows(start_ids), drop)
+    places = _rows(start_ids)  # (B,)
+    output, state = _initial(cache, start_ids, places, max_length, max_lengths, shared,
+                             constraints, rules)  # fmt: skip
+    step = functools.partial(_step, tokens_to_logits, shared, rules, places, drop)
 
     def cond(i, output, state):
         return ops.logical_and(i < max_length, ops.any(state.searching))
@@ -207,7 +209,7 @@ def _step(tokens_to_logits, shared, rules, places, drop, step, output, state, wi
     return step + 1, output, state
 
 
-def _initial(cache, start_ids, max_length, max_lengths, shared, constraints, rules):
+def _initial(cache, start_ids, places, max_length, max_lengths, shared, constraints, rules):
     """`(output, BeamState)` before the first step: one hypothesis per sentence."""
     k, batch_size = rules.k, ops.shape(start_ids)[0]
     shared_cache = {key: cache[key] for key in shared}
@@ -218,7 +220,7 @@ def _initial(cache, start_ids, max_length, max_lengths, shared, constraints, rul
     no_scores = zeros + NEG_INF + ops.zeros((1, k), dtype="float32")  # (B, K)
     output = dict(sequences=empty, scores=no_scores)  # (B*K, T), (B, K): filled as they stop
     state = BeamState(
-        sentences=_rows(start_ids),  # (A,) their places in the batch
+        sentences=places,  # (A,) their places in the batch
         limits=max_lengths,  # (A,)
         limit_penalty=length_penalty(max_lengths, rules.alpha),  # (A,)
         searching=ops.ones_like(start_ids, dtype="bool"),  # (A,)
