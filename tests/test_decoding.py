@@ -335,3 +335,44 @@ def test_no_search_ends_before_its_first_token():
         tokens_to_logits, cache, start_ids, 4, eos_id=EOS, beam_size=3, pad_id=PAD, min_length=0
     )
     np.testing.assert_array_equal(ops.convert_to_numpy(sequences)[:, 0, 0], [EOS, EOS])
+
+
+def _contains(row, phrase):
+    return any(list(row[i : i + len(phrase)]) == phrase for i in range(len(row) - len(phrase) + 1))
+
+
+@pytest.mark.multibackend
+@pytest.mark.parametrize("seed", range(4))
+def test_constrained_beam_holds_its_constraints_whether_rows_leave_or_stay(seed):
+    """The one beam loop with positive constraints, on every backend: each output holds
+    each of its sentence's constraints where its length limit leaves room, the n-best
+    come best first, and finished sentences leaving the loop (`drop_finished`) or
+    staying in it (JAX's and XLA's fixed shapes) change no token and no score."""
+    rng = np.random.default_rng(seed)
+    vocab_size, batch_size, k = 16, 5, 4
+    table = rng.normal(size=(vocab_size, vocab_size)).astype("float32") * 3
+    table[:, EOS] += 2.0  # the model likes to end early: constraints must hold it back
+
+    def tokens_to_logits(ids, cache):
+        return ops.take(table, ids, axis=0), cache
+
+    constraints = rng.integers(4, vocab_size, size=(batch_size, 2, 2)).astype("int32")
+    constraints[:, 1, 1] = PAD  # the second constraint is one token
+    runs = {}
+    for drop in (None, False):  # None: the backend's way (rows leave, but under JAX)
+        runs[drop] = [
+            ops.convert_to_numpy(x)
+            for x in beam_search(
+                tokens_to_logits, {"dummy": ops.zeros((batch_size, 1))},
+                ops.full((batch_size,), BOS, "int32"), 12, EOS, beam_size=k, pad_id=PAD,
+                drop_finished=drop, constraints=constraints,
+            )
+        ]  # fmt: skip
+    np.testing.assert_array_equal(runs[None][0], runs[False][0])
+    np.testing.assert_allclose(runs[None][1], runs[False][1], rtol=1e-6)
+    sequences, scores = runs[None]
+    assert np.all(np.diff(scores, axis=1) <= 1e-6)  # best first
+    for row, wanted in zip(sequences[:, 0], constraints, strict=True):
+        for phrase in wanted:
+            phrase = [int(t) for t in phrase if t != PAD]
+            assert _contains(list(row), phrase), (row, phrase)
