@@ -12,6 +12,7 @@ engine under property-based requests.
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -89,7 +90,12 @@ def _post_head(length, host="localhost", extra=""):
         (b'{"instances": ["a"], "beam_size": 4.0}', "beam_size must be an integer"),
         (b'{"instances": ["a"], "alpha": NaN}', "NaN is not a JSON number"),
         (b'{"instances": ["a"], "alpha": Infinity}', "Infinity is not a JSON number"),
-        (b'{"instances": ["a"], "alpha": 1e999}', "alpha must be a finite number"),
+        (b'{"instances": ["a"], "alpha": 1e999}', "alpha must be a number in [0, 10]"),
+        (b'{"instances": ["a"], "alpha": 11}', "alpha must be a number in [0, 10]"),
+        (
+            b'{"instances": ["a"], "sampling_topk": 0, "sampling_temperature": 1e-300}',
+            "sampling_temperature must be a number in [0.001, 1000]",
+        ),
         (b'{"instances": ["a"], "sampling_topk": 2147483648}', "sampling_topk must be an integer"),
         (b'{"instances": ["a"], "sampling_topk": 0, "seed": 2147483648}', "seed must be"),
         (b'{"instances": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", "nested too deeply"),
@@ -101,7 +107,7 @@ def _post_head(length, host="localhost", extra=""):
     ],
 )
 def test_a_wrong_type_or_value_is_a_bad_request_naming_the_field(raw, words):
-    with pytest.raises(BadRequest, match=words) as refused:
+    with pytest.raises(BadRequest, match=re.escape(words)) as refused:
         body = serving_requests.parse_body(raw)
         serving_requests.parse_request(body, INFO, Limits(), "onnx")
     assert refused.value.status == 400 and "\n" not in str(refused.value)
@@ -163,6 +169,23 @@ def test_glossary_matching_runs_off_the_event_loop(monkeypatch):
         return await work
 
     assert asyncio.run(both()) == ["a!"]
+
+
+def test_a_glossary_cannot_grow_a_request_past_its_work_limit():
+    """Terms written into the sentences make them longer: the work is counted again on
+    the annotated sentences (999 one-letter words, each followed by a 200-letter term)."""
+    from keras_transformer.serving import app
+
+    parsed = serving_requests.parse_request(
+        {"instances": [" ".join(["a"] * 999)], "glossary": {"a": "b" * 200}, "beam_size": 1},
+        INFO, Limits(), "onnx",
+    )  # fmt: skip
+
+    async def run():
+        return await app.annotated(parsed, asyncio.get_running_loop().time() + 10, Limits())
+
+    with pytest.raises(BadRequest, match=r"with its glossary's terms has \d+ characters"):
+        asyncio.run(run())
 
 
 def test_the_queues_maps_hold_only_what_is_waiting():
@@ -233,7 +256,13 @@ def test_a_body_is_refused_by_its_size_before_it_is_read_and_by_its_pace(serve):
         answer = slow.recv(65536).decode()
     assert answer.startswith("HTTP/1.1 408") and "(--body-timeout)" in answer
     assert 0.9 < time.monotonic() - asked < 3
-    assert ["LANGSAM"] not in [s for _, s in server.batches()]
+    assert [s for _, s in server.batches()] == [["schnell"]] * 4  # only the others ran
+    # A client that leaves mid-body is no server error (499 in the log, nothing else).
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as gone:
+        gone.sendall(_post_head(len(body)).encode() + body[:5])
+    server.wait_for(lambda: server.metric("requests_total", code="499") == 1, "not counted")
+    assert server.metric("requests_total", code="500") is None
+    assert "Unhandled" not in server.output.read_text()
 
 
 def test_host_and_origin_are_checked_and_clients_without_origin_pass(serve):
@@ -264,11 +293,15 @@ def test_every_address_needs_the_names_clients_use(tmp_path):
     args = cli.parse_args([str(tmp_path), "--host", "0.0.0.0"])
     with pytest.raises(ValueError, match="--allowed-hosts"):
         cli.build_app(args)
+    # A request larger than one client's share could never be queued: refused at start.
+    args = cli.parse_args([str(tmp_path), "--max-sentences", "8", "--max-client-queue", "4"])
+    with pytest.raises(ValueError, match="--max-sentences 8 exceeds --max-client-queue 4"):
+        cli.build_app(args)
 
 
 def test_one_client_cannot_fill_the_queue_for_the_others(serve):
-    server = serve("--workers", "1", "--max-wait-ms", "0", "--timeout", "3",
-                   "--max-client-queue", "2", "--trusted-proxies", "127.0.0.1")  # fmt: skip
+    server = serve("--workers", "1", "--max-wait-ms", "0", "--timeout", "3", "--max-sentences",
+                   "2", "--max-client-queue", "2", "--trusted-proxies", "127.0.0.1")  # fmt: skip
     hang, _ = _in_background(lambda: server.post(["HANG"]))
     server.wait_for(lambda: len(server.batches()) == 1, "no HANG")
     greedy = {"X-Forwarded-For": "10.0.0.1"}

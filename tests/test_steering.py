@@ -145,11 +145,11 @@ def test_the_constraint_mutation_is_caught(translators, sentences, monkeypatch):
     their constraints, so the check above fails (10 of 40 hold it here). Each of the
     search's three rules (the banks, EOS barred until complete, the penalty at the
     limit) alone carried this fixture's constraints: removing one was not caught."""
-    from keras_transformer.decoding import beam
+    from keras_transformer.decoding import constrained
 
-    monkeypatch.setattr(beam.Constraints, "end_when_complete",
+    monkeypatch.setattr(constrained.Constraints, "end_when_complete",
                         staticmethod(lambda logits, *_: logits))  # fmt: skip
-    monkeypatch.setattr(beam, "MISSING_PENALTY", 0.0)
+    monkeypatch.setattr(constrained, "MISSING_PENALTY", 0.0)
     beam = translators["beam"]
     fresh = Translator(beam.model, beam.tokenizer, beam_size=4)
     wanted = _ids(beam, ["garten"])[0]

@@ -36,8 +36,7 @@ uncached reference).
 """
 
 from keras_transformer.decoding import loop
-from keras_transformer.decoding.beam import beam_search
-from keras_transformer.decoding.constrained import constrained_beam_search
+from keras_transformer.decoding.beam import beam_search, constrained_beam_search
 from keras_transformer.decoding.greedy import greedy_search
 from keras_transformer.decoding.loop import MIN_LENGTH, drops_finished, length_penalty
 from keras_transformer.decoding.translate import (

@@ -26,7 +26,7 @@ from keras_transformer.serving.requests import (
     parse_request,
 )
 
-logger = logging.getLogger("keras_transformer.serving")
+logger = logging.getLogger("keras_transformer.serve")
 
 METRICS_PATH = "/monitoring/prometheus/metrics"  # TF Serving's --rest_api monitoring path
 RETRY_AFTER_SECONDS = 1
@@ -167,17 +167,20 @@ class Handlers:
             served = self.server.get(version)
             parsed = parse_request(body, served.info, self.limits, self.engine)
             sentences = await annotated(parsed, deadline, self.limits)
+            if served.state != "AVAILABLE":  # retired while the glossary was matched
+                served = self.server.get(version)
             request.state.log = {"sentences": len(sentences), "version": str(served.version)}
-            client = request.client.host if request.client else None
-            queued = served.queue.put(sentences, parsed.settings, self.limits.timeout_seconds,
-                                      parsed.rows, client=client, deadline=deadline)  # fmt: skip
+            queued = served.queue.put(
+                sentences, parsed.settings, self.limits.timeout_seconds, parsed.rows,
+                client=_client(request), deadline=deadline,
+            )  # fmt: skip
         except BadRequest as e:
             return error_response(str(e), e.status)
         except NotAvailable as e:
             return error_response(str(e), 404 if version is not None else 503, retry=True)
         except QueueFull as e:
             return error_response(str(e), 503, retry=True)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # TimeoutError from Python 3.11 on, not before
             return self._timed_out()
         answer = await _wait(request, queued, served.queue)
         return self._answer(answer, parsed)
@@ -193,7 +196,7 @@ class Handlers:
 
         if answer == "disconnected":
             return error_response("The client closed the connection before the answer.", 499)
-        if answer == "expired" or isinstance(answer, TimeoutError):
+        if answer == "expired" or isinstance(answer, asyncio.TimeoutError):
             return self._timed_out()
         if isinstance(answer, WorkerLost):
             return error_response(str(answer), 503, retry=True)
@@ -235,9 +238,13 @@ async def read_body(request, limits, deadline):
                 raise _too_large(limits, f"{size} bytes so far")
             chunks.append(chunk)
 
+    from starlette.requests import ClientDisconnect
+
     try:
         await asyncio.wait_for(receive(), seconds)
-    except TimeoutError:
+    except ClientDisconnect:  # nobody is there to read an answer: logged as 499
+        raise BadRequest("The client closed the connection while sending the body.", 499) from None
+    except asyncio.TimeoutError:
         raise BadRequest(
             f"The request body did not arrive within {seconds:g} s (--body-timeout); "
             f"{size} bytes came.", 408,
@@ -255,14 +262,31 @@ def _too_large(limits, what):
 async def annotated(parsed, deadline, limits):
     """The request's sentences with its glossary's terms annotated: in a thread, so
     that the event loop (health checks, other requests) goes on meanwhile, and within
-    the request's deadline (`TimeoutError` after)."""
+    the request's deadline (`asyncio.TimeoutError` after; the matching itself, bounded
+    by the glossary's limits, ends in the thread). The annotated sentences are held to
+    `--max-work` again: terms written into a sentence make it longer."""
     if parsed.glossary is None:
         return parsed.sentences
     from keras_transformer.terminology import annotate_all
 
     seconds = max(0.0, deadline - asyncio.get_running_loop().time())
     work = asyncio.to_thread(annotate_all, parsed.sentences, parsed.glossary)
-    return await asyncio.wait_for(work, seconds)
+    sentences = await asyncio.wait_for(work, seconds)
+    beam = parsed.settings["beam_size"]
+    total = sum(len(s) for s in sentences) * beam
+    if total > limits.max_work:
+        raise limits.over(
+            "max_work",
+            "The request with its glossary's terms",
+            f"{total} characters x beam ({beam})",
+        )
+    return sentences
+
+
+def _client(request):
+    """Who sent `request`, for its share of the queue: its address (bounded: behind
+    `--trusted-proxies` it is what X-Forwarded-For says)."""
+    return request.client.host[:64] if request.client else None
 
 
 def make_app(model_name, server, limits, engine, metrics, access_log=True, access=None):

@@ -82,11 +82,16 @@ from keras_transformer.command_line import (
     configure_logging,
     run_main,
 )
-from keras_transformer.serving.app import make_app
+from keras_transformer.serving.app import (  # noqa: F401 - the old module's names too
+    METRICS_PATH,
+    RETRY_AFTER_SECONDS,
+    make_app,
+)
 from keras_transformer.serving.engines import DEVICES, ENGINES, PRECISIONS, EngineConfig
+from keras_transformer.serving.page import PAGE  # noqa: F401 - the old module's name
 from keras_transformer.serving.requests import Limits
 
-logger = logging.getLogger("keras_transformer.serving")
+logger = logging.getLogger("keras_transformer.serve")
 
 
 def parse_args(argv=None):
@@ -272,7 +277,9 @@ def _check_numbers(args, workers, limits):
     for flag, value in counts:
         if not value > 0:
             raise ValueError(f"{flag} must be positive. Received: {value}")
-    for small, large in (("max_sentences", "max_queue"), ("max_client_queue", "max_queue")):
+    pairs = (("max_sentences", "max_queue"), ("max_client_queue", "max_queue"),
+             ("max_sentences", "max_client_queue"))  # fmt: skip
+    for small, large in pairs:
         if getattr(limits, small) > getattr(limits, large):
             raise ValueError(
                 f"{Limits.flag(small)} {getattr(limits, small)} exceeds {Limits.flag(large)} "

@@ -10,7 +10,7 @@ import json
 import logging
 import time
 
-ACCESS_LOGGER = "keras_transformer.serving.access_log"
+ACCESS_LOGGER = "keras_transformer.serve.access"  # the names of before the package
 PREFIX = "keras_transformer_serve_"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)

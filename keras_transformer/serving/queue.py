@@ -141,7 +141,7 @@ class RequestQueue:
             self._arrival.clear()
             try:
                 await asyncio.wait_for(self._arrival.wait(), remaining)
-            except TimeoutError:
+            except asyncio.TimeoutError:  # TimeoutError from Python 3.11 on, not before
                 return
 
     def take(self):

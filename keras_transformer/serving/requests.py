@@ -23,6 +23,10 @@ import re
 GREEDY_SIGNATURE = "translate_greedy"
 DEFAULT_SIGNATURE = "serving_default"
 INT32_MAX = 2**31 - 1  # the graphs take top-k and seeds as int32
+# Past these the float32 search overflows (a length penalty of inf, logits / ~0): NaN
+# scores, not translations. GNMT's alpha is 0.6, Marian's 1.0.
+MAX_ALPHA = 10.0
+TEMPERATURES = (1e-3, 1e3)
 _WORD = re.compile(r"\w+")  # a word, as the glossary matches them (terminology)
 
 
@@ -111,15 +115,14 @@ def _integer(body, name, low, high, default=None):
     return value
 
 
-def _number(body, name, low, low_open=False):
-    """`body[name]` as a finite float >= low (> low with `low_open`), or None."""
+def _number(body, name, low, high):
+    """`body[name]` as a float in [low, high], or None."""
     value = body.get(name)
     if value is None:
         return None
-    sign = ">" if low_open else ">="
     if (isinstance(value, bool) or not isinstance(value, (int, float))
-            or not math.isfinite(value) or value < low or (low_open and value == low)):  # fmt: skip
-        raise BadRequest(f"{name} must be a finite number {sign} {low:g}; got {_short(value)}.")
+            or not math.isfinite(value) or not low <= value <= high):  # fmt: skip
+        raise BadRequest(f"{name} must be a number in [{low:g}, {high:g}]; got {_short(value)}.")
     return float(value)
 
 
@@ -221,7 +224,7 @@ def parse_settings(body, beam_sizes, default_beam, n_best=False):
             f"beam_size must be an integer, one of {list(beam_sizes)}; got {_short(beam)}."
         )
     settings = {"beam_size": beam}
-    alpha = _number(body, "alpha", 0.0)
+    alpha = _number(body, "alpha", 0.0, MAX_ALPHA)
     if alpha is not None:
         settings["alpha"] = alpha
     if body.get("num_hypotheses") is not None:
@@ -291,7 +294,7 @@ def _sampling(body, count):
             if value is not None:
                 raise BadRequest(f"{name} applies to sampling only: give sampling_topk 0 or > 1.")
         return {}, None
-    temperature = _number(body, "sampling_temperature", 0.0, low_open=True)
+    temperature = _number(body, "sampling_temperature", *TEMPERATURES)
     settings = {"sampling_topk": topk, "sampling_temperature": temperature or 1.0}
     if seed is None:
         return settings, None

@@ -19,7 +19,7 @@ import logging
 from keras_transformer.serving.queue import batch_settings
 from keras_transformer.serving.workers import Worker, WorkerLost
 
-logger = logging.getLogger("keras_transformer.serving")
+logger = logging.getLogger("keras_transformer.serve")
 
 
 class ServedVersion:

@@ -33,9 +33,14 @@ import logging
 import os
 
 from keras_transformer.serving.served import ServedVersion
-from keras_transformer.serving.workers import STOP_SECONDS, wait_or_kill
+from keras_transformer.serving.workers import (  # noqa: F401 - Worker(Lost): the old module's
+    STOP_SECONDS,
+    Worker,
+    WorkerLost,
+    wait_or_kill,
+)
 
-logger = logging.getLogger("keras_transformer.serving")
+logger = logging.getLogger("keras_transformer.serve")
 
 
 class NotAvailable(RuntimeError):

@@ -29,7 +29,7 @@ import time
 
 from keras_transformer.serving.engines import worker_load, worker_translate
 
-logger = logging.getLogger("keras_transformer.serving")
+logger = logging.getLogger("keras_transformer.serve")
 STOP_SECONDS = 5.0  # how long stopping waits for an idle worker to exit before killing it
 
 
