@@ -82,7 +82,8 @@ def main(argv=None):
     import numpy as np
     from serving import test_set
 
-    from keras_transformer.serving import frontend, workdir
+    from keras_transformer import workdir
+    from keras_transformer.serving import frontend
     from keras_transformer.training import load_trained
     from keras_transformer.translators.keras_translator import Translator
 

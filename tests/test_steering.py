@@ -27,7 +27,8 @@ from export_fixtures import (
     trained,
 )
 
-from keras_transformer.serving import frontend, sampling
+from keras_transformer import sampling
+from keras_transformer.serving import frontend
 from keras_transformer.translators.keras_translator import Translator
 
 
