@@ -20,31 +20,20 @@ import threading
 import time
 
 import pytest
-from test_server_faults import NAME, Served, _in_background, _running
+import test_server_faults
+from test_server_faults import NAME, _in_background, _running
 
 from keras_transformer.serving import requests as serving_requests
 from keras_transformer.serving.requests import BadRequest, Limits
 
 PREDICT = f"/v1/models/{NAME}:predict"
+serve = test_server_faults.serve  # the fixture: servers over the stand-in, stopped after
 INFO = {
     "beam_sizes": [1, 4],
     "default_beam": 4,
     "glossary": True,
     "steering": ("prefix", "banned", "sampling_topk", "sampling_temperature", "seed"),
 }
-
-
-@pytest.fixture
-def serve(tmp_path):
-    servers = []
-
-    def start(*flags, **kwargs):
-        servers.append(Served(tmp_path, *flags, **kwargs))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 def _raw(port, head, body=b"", wait=5.0):
