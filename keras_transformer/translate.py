@@ -62,8 +62,9 @@ def _search_flags(parser):
     parser.add_argument(
         "--max-extra-length",
         type=int,
-        default=PAPER.max_extra_length,
-        help=f"output tokens beyond the input length (default {PAPER.max_extra_length})",
+        default=None,
+        help="output tokens beyond the input's scaled length (default: the run's fitted "
+        f"limit, from run.json, else {PAPER.max_extra_length})",
     )
     parser.add_argument("--jit-compile", action="store_true", help="XLA (TensorFlow only)")
 

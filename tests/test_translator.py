@@ -194,6 +194,27 @@ def test_a_work_directory_translates_with_its_runs_search(tokenizer, tmp_path, c
     assert workdir.read_search(work_dir) == PAPER
 
 
+def test_the_command_keeps_the_runs_output_limit_unless_told(tokenizer, tmp_path, capsys):
+    """The translate command uses the limit the run fitted and recorded (as Translator,
+    the SavedModel and translate.onnx do), not the paper's +50, unless given the flag."""
+    from keras_transformer import translate
+
+    model = tiny_model()
+    work_dir = _work_dir(tmp_path, model, tokenizer)
+    run_info = {"preset": "tiny", "metrics": {"beam_size": 1, "max_extra_length": 1}}
+    (tmp_path / "run.json").write_text(json.dumps(run_info))
+    sentences = ["the cat sat", "guten morgen", "a"]
+    (tmp_path / "input.txt").write_text("\n".join(sentences) + "\n")
+    command = ["--work-dir", work_dir, "--input", str(tmp_path / "input.txt")]
+    fitted = Translator(model, tokenizer, beam_size=1, max_extra_length=1)(sentences)
+    paper = Translator(model, tokenizer, beam_size=1, max_extra_length=50)(sentences)
+    assert fitted != paper  # the limit decides these outputs, so the check can fail
+    assert translate.main(command) == 0
+    assert capsys.readouterr().out.split("\n") == fitted + [""]
+    assert translate.main(command + ["--max-extra-length", "50"]) == 0
+    assert capsys.readouterr().out.split("\n") == paper + [""]
+
+
 @pytest.mark.multibackend
 def test_n_best_with_scores_are_the_beams_own_hypotheses(tokenizer):
     """`translate(..., num_hypotheses=K, return_scores=True)` gives the K
