@@ -603,12 +603,14 @@ def _start_server(args, batching):
         extra[:2] = ["--max-wait-ms", "0", "--max-batch", "1"]
     port, name = _free_port(), "loadtest"
     # The server's own messages (a failed start, each worker replaced) beside the results.
-    log = open(args.json + ".server.log", "a") if args.json else subprocess.DEVNULL  # noqa: SIM115
+    log = open(args.json + ".server.log", "a") if args.json else subprocess.DEVNULL
     server = subprocess.Popen(
         [sys.executable, "-m", "keras_transformer.serving", args.export_dir, "--port",
          str(port), "--model-name", name, "--max-sentences", "1000", *extra],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
+    if log is not subprocess.DEVNULL:
+        log.close()  # the server writes through its own copy of the descriptor
     for _ in range(600):
         try:
             for signature in args.signatures:  # the first call of each search
